@@ -1,0 +1,1 @@
+"""Native and fallback ops (`deepspeed.ops`); builders live in `deepspeed.ops.op_builder`."""

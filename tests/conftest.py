@@ -1,0 +1,45 @@
+"""Shared test fixtures.
+
+`install_fixture_package` pip-installs one of the third-party example packages under
+`tests/fixtures/` into a private target directory, exactly as a user's `pip install` would, and
+puts that directory on `sys.path` (and on PYTHONPATH for subprocesses). Discovery then goes
+purely through the installed distribution's entry points: nothing is registered by hand.
+"""
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def install_fixture_package(tmp_path_factory):
+    installed = {}
+
+    def install(name):
+        if name in installed:
+            return installed[name]
+        source = FIXTURES / name
+        if not (source / "pyproject.toml").is_file():
+            raise FileNotFoundError(f"no fixture package at {source}")
+        target = tmp_path_factory.mktemp(f"site-{name}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+             "--target", str(target), str(source)],
+            check=True,
+        )
+        sys.path.insert(0, str(target))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(target), os.environ.get("PYTHONPATH", "")) if p)
+        importlib.invalidate_caches()
+        installed[name] = target
+        return target
+
+    yield install
+    for target in installed.values():
+        if str(target) in sys.path:
+            sys.path.remove(str(target))
