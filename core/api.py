@@ -1,0 +1,72 @@
+"""The user-facing entry points: ``deepspeed.initialize`` and ``deepspeed.add_config_arguments``.
+
+``initialize`` is where the pieces meet: distributed start-up, the plugin catalog (whose
+config sections complete the schema), config validation, the per-engine plugin manager of
+the plugins the config enables, and the engine itself.
+"""
+import argparse
+
+from deepspeed import comm as dist
+from deepspeed.config import DeepSpeedConfig
+from deepspeed.engine import DeepSpeedEngine
+from deepspeed.plugin_manager import PluginCatalog
+
+
+def add_config_arguments(parser):
+    """Add ``--deepspeed`` / ``--deepspeed_config`` (and the deprecated ``--deepscale*``
+    spellings) to the user's argparse parser; returns the same parser."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help=argparse.SUPPRESS)
+    group.add_argument("--deepscale_config", default=None, type=str, help=argparse.SUPPRESS)
+    return parser
+
+
+def _config_source(args, config, config_params):
+    """Pick the one config the caller meant; two different ones is an error, not a guess."""
+    if config is None:
+        config = config_params
+    elif config_params is not None and config_params is not config and config_params != config:
+        raise AssertionError("deepspeed.initialize got both 'config' and 'config_params' with "
+                             "different values; pass only 'config'")
+    from_args = None
+    if args is not None:
+        ds_cfg = getattr(args, "deepspeed_config", None)
+        old_cfg = getattr(args, "deepscale_config", None)
+        assert not (ds_cfg is not None and old_cfg is not None), \
+            "Not sure how to proceed, we were given deepspeed configs in the deepspeed " \
+            "arguments and deepscale arguments, please use only deepspeed_config"
+        from_args = ds_cfg if ds_cfg is not None else old_cfg
+    assert not (from_args is not None and config is not None), \
+        "Not sure how to proceed, we were given deepspeed configs in the deepspeed arguments " \
+        "and deepspeed.initialize() function call"
+    source = config if config is not None else from_args
+    assert source is not None, \
+        "DeepSpeed requires --deepspeed_config to specify configuration file"
+    return source
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, distributed_port=29500, mpu=None, dist_init_required=None,
+               collate_fn=None, config=None, config_params=None):
+    """Wrap ``model`` in a ``DeepSpeedEngine``.
+
+    Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``: the optimizer is the one
+    the engine steps (possibly wrapped by a plugin), the loader is None without
+    ``training_data``, the scheduler None when neither passed nor configured.
+    """
+    assert model is not None, "deepspeed.initialize requires a model"
+    source = _config_source(args, config, config_params)
+    dist.init_distributed(distributed_port=distributed_port,
+                          dist_init_required=dist_init_required)
+    catalog = PluginCatalog()
+    ds_config = DeepSpeedConfig(source, mpu, sections=catalog.sections)
+    plugins = catalog.enabled_manager(ds_config)
+    engine = DeepSpeedEngine(model, ds_config, plugins, optimizer=optimizer,
+                             model_parameters=model_parameters, lr_scheduler=lr_scheduler,
+                             mpu=mpu, training_data=training_data, collate_fn=collate_fn)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

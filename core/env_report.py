@@ -1,0 +1,176 @@
+"""`ds_report`: what this installation can do, in the form users paste into bug reports.
+
+Everything is discovered, nothing is hard-coded: op builders through the entry-point group
+`deepspeed.op_builders`, accelerators through `deepspeed.accelerators`, plugins through
+`deepspeed.plugins` (with the config keys that switch each one on).
+"""
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+GREEN_OKAY = "[OKAY]"
+NO = "[NO]"
+YES = "[YES]"
+FAIL = "[FAIL]"
+WIDTH = 60
+
+
+def _dots(label, value, width=WIDTH):
+    return f"{label} {'.' * max(3, width - len(label) - len(str(value)) - 2)} {value}"
+
+
+def op_builders():
+    """``{name: builder class}`` from the entry-point group ``deepspeed.op_builders``."""
+    found = {}
+    for ep in metadata.entry_points(group="deepspeed.op_builders"):
+        found[ep.name] = ep.load()
+    return dict(sorted(found.items()))
+
+
+def _op_rows(warnings):
+    rows = []
+    for class_name, builder_cls in op_builders().items():
+        builder = builder_cls()
+        name = getattr(builder, "NAME", class_name)
+        installed = getattr(builder, "is_installed", None)
+        installed = YES if callable(installed) and installed() else NO
+        try:
+            compatible = GREEN_OKAY if builder.is_compatible(verbose=False) else NO
+        except Exception as exc:  # a broken third-party builder must not hide the rest
+            compatible = FAIL
+            warnings.append(f"op builder '{name}' raised during is_compatible(): {exc!r}")
+        rows.append((name, installed, compatible))
+    return rows
+
+
+def op_report(warnings):
+    lines = ["-" * WIDTH, "DeepSpeed C++/CUDA extension op report", "-" * WIDTH,
+             "NOTE: Ops not installed will be just-in-time (JIT) compiled at runtime if needed.",
+             "      Op compatibility means that your system meets the required dependencies",
+             "      to JIT install the op.", "-" * WIDTH, "JIT compiled ops requires ninja"]
+    ninja = shutil.which("ninja")
+    lines.append(_dots("ninja", GREEN_OKAY if ninja else FAIL))
+    if not ninja:
+        warnings.append("ninja is not on PATH: ops cannot be JIT-compiled (pip install ninja)")
+    lines.append("-" * WIDTH)
+    rows = _op_rows(warnings)
+    lines.append(f"{'op name':<28}{'installed':>14}{'compatible':>18}")
+    lines.append("-" * WIDTH)
+    if not rows:
+        lines.append("(no op builders are registered in 'deepspeed.op_builders')")
+    for name, installed, compatible in rows:
+        lines.append(f"{name:.<28}{installed:.>14}{compatible:.>18}")
+    return lines
+
+
+def _shm_size():
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return "unknown"
+    return f"{stat.f_blocks * stat.f_frsize / 2**30:.2f} GB"
+
+
+def _cpu_description():
+    try:
+        import cpuinfo
+
+        info = cpuinfo.get_cpu_info()
+    except Exception as exc:  # py-cpuinfo shells out; report instead of failing the report
+        return f"unknown ({exc!r})", ""
+    flags = set(info.get("flags", []))
+    simd = [f for f in ("avx512f", "avx2", "avx", "neon", "asimd") if f in flags]
+    return info.get("brand_raw", "unknown"), ",".join(simd) or "none"
+
+
+def _git_info():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(os.path.join(root, ".git")):
+        return "unknown", "unknown"
+    try:
+        out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD",
+                              "--abbrev-ref", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=True).stdout.split()
+        return out[0], out[1]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown", "unknown"
+
+
+def environment_report(warnings):
+    import torch
+
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator, installed_accelerators
+
+    acc = get_accelerator()
+    githash, branch = _git_info()
+    cpu, simd = _cpu_description()
+    lines = ["DeepSpeed general environment info:",
+             _dots("torch install path", os.path.dirname(torch.__file__)),
+             _dots("torch version", torch.__version__),
+             _dots("deepspeed install path", os.path.dirname(deepspeed.__file__)),
+             _dots("deepspeed info", f"{deepspeed.__version__}, {githash}, {branch}"),
+             _dots("python version", platform.python_version()),
+             _dots("accelerator", f"{acc._name} (backend {acc.communication_backend_name()})"),
+             _dots("installed accelerators", ", ".join(installed_accelerators()) or "none"),
+             _dots("torch cuda version", torch.version.cuda or "none (CPU build)"),
+             _dots("cpu", cpu),
+             _dots("cpu simd", simd),
+             _dots("shared memory (/dev/shm) size", _shm_size())]
+    return lines
+
+
+def plugin_report(warnings):
+    from deepspeed.plugin_manager import PluginCatalog, PluginError, installed_plugins
+
+    lines = ["DeepSpeed plugins (entry-point group 'deepspeed.plugins'):"]
+    specs = installed_plugins()
+    if not specs:
+        return lines + ["  (none installed)"]
+    try:
+        catalog = PluginCatalog(specs)
+    except PluginError as exc:
+        warnings.append(str(exc))
+        return lines + [f"  {name} ({spec.distribution} {spec.version})"
+                        for name, spec in specs.items()]
+    for name, spec in specs.items():
+        keys = ", ".join(catalog.sections_of(name)) or "(no config section)"
+        lines.append(_dots(f"  {name} [{spec.distribution} {spec.version}]",
+                           f"enabled by: {keys}"))
+    return lines
+
+
+def main(hide_operator_status=False, hide_errors_and_warnings=False):
+    warnings = []
+    sections = []
+    if not hide_operator_status:
+        sections.append(op_report(warnings))
+    sections.append(environment_report(warnings))
+    sections.append(plugin_report(warnings))
+    for lines in sections:
+        print("\n".join(lines))
+        print("-" * WIDTH)
+    if warnings and not hide_errors_and_warnings:
+        print("Warnings:")
+        for w in warnings:
+            print(f"  - {w}")
+    return 0
+
+
+def cli_main(argv=None):
+    parser = argparse.ArgumentParser(prog="ds_report",
+                                     description="Report the DeepSpeed environment and ops.")
+    parser.add_argument("--hide_operator_status", action="store_true",
+                        help="Suppress the op compatibility table.")
+    parser.add_argument("--hide_errors_and_warnings", action="store_true",
+                        help="Suppress warning and error messages.")
+    args = parser.parse_args(argv)
+    return main(args.hide_operator_status, args.hide_errors_and_warnings)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

@@ -1,0 +1,170 @@
+"""Plugin discovery and the per-engine plugin manager.
+
+Every feature (built-in or third-party) is a plugin found through the entry-point group
+``deepspeed.plugins``; nothing is registered by hand. An entry point names either
+
+- a class (usually a ``DeepSpeedPlugin`` subclass): one fresh instance per engine, so plugin
+  state never leaks between two engines in one process; or
+- a module or other object with ``@deepspeed.hookimpl`` functions: shared, hence stateless.
+
+Each engine gets its own ``pluggy.PluginManager`` holding only the plugins its config enables,
+so hooks of a disabled plugin never run. Plugins state what they ``requires`` and ``excludes``
+(other plugin names); conflicts are errors at ``deepspeed.initialize`` naming both plugins.
+"""
+import functools
+import inspect
+from dataclasses import dataclass
+from importlib import metadata
+
+import pluggy
+
+from deepspeed import hooks
+
+ENTRY_POINT_GROUP = "deepspeed.plugins"
+
+
+class PluginError(RuntimeError):
+    """A plugin failed to load, or the enabled plugins conflict."""
+
+
+class DeepSpeedPlugin:
+    """Convenience base for plugin classes; plain modules with hookimpls work too.
+
+    Subclasses set ``config_sections`` (key -> ``DeepSpeedConfigModel``), optionally
+    ``requires`` / ``excludes`` (plugin names) and override ``is_enabled`` when presence of the
+    section is not the right switch (e.g. ZeRO is off at ``stage: 0``).
+    """
+
+    config_sections = {}
+    requires = ()
+    excludes = ()
+
+    @hooks.hookimpl
+    def deepspeed_config_sections(self):
+        return dict(self.config_sections)
+
+    def is_enabled(self, config, sections):
+        """Whether ``config`` (a ``DeepSpeedConfig``) turns this plugin on. ``sections`` are the
+        keys this plugin owns."""
+        return default_is_enabled(config, sections)
+
+
+def default_is_enabled(config, sections):
+    """Enabled when an owned section is present and not switched off by ``enabled: false``."""
+    for key in sections:
+        if config.has_section(key):
+            section = config.section(key)
+            if getattr(section, "enabled", True):
+                return True
+    return False
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """An installed plugin as its entry point describes it."""
+
+    name: str
+    value: str  # "module:attr" as written in the entry point
+    distribution: str
+    version: str
+
+    def load(self):
+        try:
+            return _load_entry_point(self.name, self.value)
+        except Exception as exc:
+            raise PluginError(
+                f"plugin '{self.name}' ({self.value}) from distribution '{self.distribution}' "
+                f"failed to load: {type(exc).__name__}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _load_entry_point(name, value):
+    return metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
+
+
+def installed_plugins():
+    """``{name: PluginSpec}`` of every plugin installed in this environment, sorted by name."""
+    found = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        spec = PluginSpec(ep.name, ep.value, dist.metadata["Name"] if dist else "?",
+                          dist.version if dist else "?")
+        if ep.name in found and found[ep.name].value != ep.value:
+            raise PluginError(
+                f"two installed distributions register the plugin name '{ep.name}': "
+                f"'{found[ep.name].distribution}' ({found[ep.name].value}) and "
+                f"'{spec.distribution}' ({spec.value}); uninstall one of them")
+        found[ep.name] = spec
+    return dict(sorted(found.items()))
+
+
+def _instantiate(obj):
+    return obj() if inspect.isclass(obj) else obj
+
+
+def new_hook_manager():
+    pm = pluggy.PluginManager(hooks.PROJECT_NAME)
+    pm.add_hookspecs(hooks)
+    return pm
+
+
+class PluginCatalog:
+    """All installed plugins, instantiated once for one engine, with the sections each owns.
+
+    Building the catalog is the step that must see every plugin (to know the whole config
+    schema); ``enabled_manager`` then narrows it to the plugins the config switches on.
+    """
+
+    def __init__(self, specs=None):
+        self.specs = installed_plugins() if specs is None else specs
+        self._all = new_hook_manager()
+        self.plugins = {}
+        for name, spec in self.specs.items():
+            plugin = _instantiate(spec.load())
+            self._all.register(plugin, name=name)
+            self.plugins[name] = plugin
+        self.owners = {}  # section key -> plugin name
+        self.sections = {}  # section key -> config model
+        for impl in self._all.hook.deepspeed_config_sections.get_hookimpls():
+            for key, model in (impl.function() or {}).items():
+                if key in self.owners:
+                    raise PluginError(f"plugins '{self.owners[key]}' and '{impl.plugin_name}' "
+                                      f"both claim the config section '{key}'")
+                self.owners[key] = impl.plugin_name
+                self.sections[key] = model
+
+    def sections_of(self, name):
+        return [key for key, owner in self.owners.items() if owner == name]
+
+    def enabled_names(self, config):
+        enabled = []
+        for name, plugin in self.plugins.items():
+            owned = self.sections_of(name)
+            check = getattr(plugin, "is_enabled", None)
+            on = check(config, owned) if callable(check) else default_is_enabled(config, owned)
+            if on:
+                enabled.append(name)
+        return enabled
+
+    def enabled_manager(self, config):
+        """A fresh ``pluggy.PluginManager`` holding only the plugins ``config`` enables."""
+        names = self.enabled_names(config)
+        check_compatibility({n: self.plugins[n] for n in names})
+        pm = new_hook_manager()
+        for name in names:
+            pm.register(self.plugins[name], name=name)
+        return pm
+
+
+def check_compatibility(enabled):
+    """Raise ``PluginError`` naming both plugins when a requirement is missing or an excluded
+    plugin is enabled as well."""
+    for name, plugin in enabled.items():
+        for needed in getattr(plugin, "requires", ()):
+            if needed not in enabled:
+                raise PluginError(f"plugin '{name}' requires plugin '{needed}', which is not "
+                                  f"enabled by the config (enabled: {sorted(enabled) or 'none'})")
+        for banned in getattr(plugin, "excludes", ()):
+            if banned in enabled:
+                raise PluginError(f"plugin '{name}' cannot be used together with plugin "
+                                  f"'{banned}'; disable one of them in the config")
