@@ -1,0 +1,77 @@
+"""Which accelerator this process uses, chosen once and cached.
+
+Order: the `DS_ACCELERATOR` environment variable (so a launcher or user can force a device without
+touching code), else an instance given to `set_accelerator()`, else detection (CUDA when torch sees
+a GPU, otherwise CPU). Every name is resolved through the `deepspeed.accelerators` entry points.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+from deepspeed.accelerator import registry
+from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+from deepspeed.utils.logging import logger
+
+ENV_VAR = "DS_ACCELERATOR"
+
+_lock = threading.RLock()
+_active = None  # the cached choice
+_user_choice = None  # the instance given to set_accelerator()
+
+
+def _from_env(name):
+    if _user_choice is not None and (_user_choice._name or "").lower() == name.lower():
+        return _user_choice
+    accelerator_class = registry.load_accelerator_class(name, source=ENV_VAR)
+    if _user_choice is not None:
+        logger.warning(f"{ENV_VAR}={name!r} overrides the accelerator given to set_accelerator() "
+                       f"({_user_choice._name!r})")
+    return accelerator_class()
+
+
+def _select():
+    name = os.environ.get(ENV_VAR, "").strip()
+    if name:
+        accelerator, how = _from_env(name), f"{ENV_VAR}={name}"
+    elif _user_choice is not None:
+        accelerator, how = _user_choice, "set_accelerator"
+    else:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+        accelerator, how = registry.load_accelerator_class(name, source="detected")(), "auto detect"
+    logger.debug(f"Setting ds_accelerator to {accelerator._name} ({how})")
+    return accelerator
+
+
+def get_accelerator() -> DeepSpeedAccelerator:
+    """The accelerator of this process (selected on first call, then cached)."""
+    global _active
+    with _lock:
+        if _active is None:
+            _active = _select()
+        return _active
+
+
+def set_accelerator(accelerator: DeepSpeedAccelerator) -> None:
+    """Use `accelerator` from now on, unless `DS_ACCELERATOR` names a different one."""
+    global _active, _user_choice
+    if not isinstance(accelerator, DeepSpeedAccelerator):
+        raise TypeError(f"set_accelerator() needs a DeepSpeedAccelerator instance, got {accelerator!r}")
+    with _lock:
+        _user_choice = accelerator
+        _active = None
+
+
+def is_current_accelerator_supported() -> bool:
+    """Whether the active accelerator is one registered through the entry points."""
+    return get_accelerator()._name in registry.installed_accelerators()
+
+
+def reset_accelerator() -> None:
+    """Forget the cached and the user-set accelerator; tests call it between cases."""
+    global _active, _user_choice
+    with _lock:
+        _active = None
+        _user_choice = None
