@@ -1,45 +1,13 @@
-"""Entry-point discovery of accelerators and op builders.
-
-Built-in and third-party accelerators and op builders are found the same way, through installed
-distributions' entry points, so `pip install` of an extension is all it takes to add one. When two
-distributions register the same name, the one that is not deepspeed itself wins: that is how an
-extension replaces a built-in without editing this package.
-"""
+"""Entry-point discovery of accelerators and op builders (see `deepspeed.utils.entry_points`:
+a third-party registration of a built-in name replaces the built-in)."""
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
+
+from deepspeed.utils.entry_points import entry_points_of
 
 ACCELERATOR_GROUP = "deepspeed.accelerators"
 OP_BUILDER_GROUP = "deepspeed.op_builders"
-_OWN_DISTRIBUTION = "deepspeed"
-
-
-def _distribution_name(entry_point):
-    dist = getattr(entry_point, "dist", None)  # absent before Python 3.10
-    if dist is None:
-        return None
-    name = dist.metadata["Name"] or ""
-    return name.lower().replace("_", "-")
-
-
-def _is_builtin(entry_point):
-    return _distribution_name(entry_point) == _OWN_DISTRIBUTION
-
-
-def entry_points_of(group):
-    """{name: EntryPoint} of one group, read afresh so packages installed at runtime count."""
-    found = importlib.metadata.entry_points()
-    if hasattr(found, "select"):
-        found = found.select(group=group)
-    else:  # Python 3.9 returns a dict keyed by group
-        found = found.get(group, ())
-    chosen = {}
-    for entry_point in found:
-        previous = chosen.get(entry_point.name)
-        if previous is None or (_is_builtin(previous) and not _is_builtin(entry_point)):
-            chosen[entry_point.name] = entry_point
-    return dict(sorted(chosen.items()))
 
 
 def installed_accelerators():

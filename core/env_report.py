@@ -10,7 +10,6 @@ import platform
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 
 GREEN_OKAY = "[OKAY]"
 NO = "[NO]"
@@ -23,18 +22,16 @@ def _dots(label, value, width=WIDTH):
     return f"{label} {'.' * max(3, width - len(label) - len(str(value)) - 2)} {value}"
 
 
-def op_builders():
-    """``{name: builder class}`` from the entry-point group ``deepspeed.op_builders``."""
-    found = {}
-    for ep in metadata.entry_points(group="deepspeed.op_builders"):
-        found[ep.name] = ep.load()
-    return dict(sorted(found.items()))
-
-
 def _op_rows(warnings):
+    from deepspeed.accelerator import get_accelerator, installed_op_builders
+
     rows = []
-    for class_name, builder_cls in op_builders().items():
-        builder = builder_cls()
+    for class_name in installed_op_builders():
+        builder = get_accelerator().create_op_builder(class_name)
+        if builder is None:
+            warnings.append(f"op builder '{class_name}' is registered but the accelerator "
+                            f"'{get_accelerator()._name}' cannot create it")
+            continue
         name = getattr(builder, "NAME", class_name)
         installed = getattr(builder, "is_installed", None)
         installed = YES if callable(installed) and installed() else NO

@@ -19,6 +19,7 @@ from importlib import metadata
 import pluggy
 
 from deepspeed import hooks
+from deepspeed.utils.entry_points import distribution_of, entry_points_of
 
 ENTRY_POINT_GROUP = "deepspeed.plugins"
 
@@ -83,19 +84,10 @@ def _load_entry_point(name, value):
 
 
 def installed_plugins():
-    """``{name: PluginSpec}`` of every plugin installed in this environment, sorted by name."""
-    found = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = getattr(ep, "dist", None)
-        spec = PluginSpec(ep.name, ep.value, dist.metadata["Name"] if dist else "?",
-                          dist.version if dist else "?")
-        if ep.name in found and found[ep.name].value != ep.value:
-            raise PluginError(
-                f"two installed distributions register the plugin name '{ep.name}': "
-                f"'{found[ep.name].distribution}' ({found[ep.name].value}) and "
-                f"'{spec.distribution}' ({spec.value}); uninstall one of them")
-        found[ep.name] = spec
-    return dict(sorted(found.items()))
+    """``{name: PluginSpec}`` of every plugin installed in this environment, sorted by name.
+    A third-party plugin registered under a built-in's name replaces the built-in."""
+    return {name: PluginSpec(name, ep.value, *distribution_of(ep))
+            for name, ep in entry_points_of(ENTRY_POINT_GROUP).items()}
 
 
 def _instantiate(obj):

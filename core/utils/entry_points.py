@@ -1,0 +1,39 @@
+"""Entry-point discovery shared by plugins, accelerators and op builders.
+
+Built-in and third-party extensions are found the same way, through installed distributions'
+entry points, so `pip install` of an extension is all it takes to add one. When two
+distributions register the same name, the one that is not deepspeed itself wins: that is how
+an extension replaces a built-in without editing this package.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+
+_OWN_DISTRIBUTION = "deepspeed"
+
+
+def distribution_of(entry_point):
+    """(name, version) of the distribution that registered ``entry_point``."""
+    dist = getattr(entry_point, "dist", None)  # absent before Python 3.10
+    if dist is None:
+        return "?", "?"
+    return dist.metadata["Name"] or "?", getattr(dist, "version", "?")
+
+
+def _is_builtin(entry_point):
+    return distribution_of(entry_point)[0].lower().replace("_", "-") == _OWN_DISTRIBUTION
+
+
+def entry_points_of(group):
+    """{name: EntryPoint} of one group, read afresh so packages installed at runtime count."""
+    found = importlib.metadata.entry_points()
+    if hasattr(found, "select"):
+        found = found.select(group=group)
+    else:  # Python 3.9 returns a dict keyed by group
+        found = found.get(group, ())
+    chosen = {}
+    for entry_point in found:
+        previous = chosen.get(entry_point.name)
+        if previous is None or (_is_builtin(previous) and not _is_builtin(entry_point)):
+            chosen[entry_point.name] = entry_point
+    return dict(sorted(chosen.items()))
