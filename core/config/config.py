@@ -1,0 +1,287 @@
+"""`DeepSpeedConfig`: the validated, resolved config one engine runs with.
+
+It joins the pieces of this package: load the source, validate core and plugin sections, resolve
+the batch triangle for the data-parallel world size, and offer the read-only conveniences the
+engine and plugins ask for (`fp16_enabled`, `optimizer_name`, `zero_optimization_stage`, ...).
+"""
+import os
+from typing import Any, Dict, Mapping, Optional
+
+from deepspeed.config.batch import resolve_batch_triangle
+from deepspeed.config.core_sections import CoreConfig
+from deepspeed.config.errors import DeepSpeedConfigError
+from deepspeed.config.feature_sections import FEATURE_SECTIONS
+from deepspeed.config.loader import BASE64_SOURCE_NAME, describe_source, load_config_source
+from deepspeed.config.model import flatten, plain_value
+from deepspeed.config.validation import check_sections, validate_config
+
+
+def _initialised_comm():
+    """`deepspeed.comm` when it is importable and initialised, else None (imported lazily so the
+    config can be built before, or without, a process group)."""
+    try:
+        import deepspeed.comm as comm
+    except ImportError:
+        return None
+    is_initialized = getattr(comm, "is_initialized", None)
+    if callable(is_initialized) and is_initialized():
+        return comm
+    return None
+
+
+def resolve_world_size(world_size: Optional[int], mpu=None) -> int:
+    """The data-parallel world size the batch triangle is solved for."""
+    if world_size is not None:
+        return world_size
+    if mpu is not None:
+        return mpu.get_data_parallel_world_size()
+    comm = _initialised_comm()
+    if comm is not None:
+        return comm.get_world_size()
+    env = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(env)
+    except ValueError:
+        raise DeepSpeedConfigError(f"environment variable WORLD_SIZE={env!r} is not an integer") from None
+
+
+class DeepSpeedConfig:
+    """A user config, validated against the core keys plus the plugin `sections`."""
+
+    def __init__(self, config: Any, mpu=None, *, sections: Optional[Mapping[str, Any]] = None,
+                 world_size: Optional[int] = None):
+        self.source: Optional[str] = describe_source(config)
+        self.raw: Dict[str, Any] = load_config_source(config)
+        if self.source is None and isinstance(config, str):
+            self.source = BASE64_SOURCE_NAME
+        self._section_types = check_sections(sections)
+        self.core, self._plugins = validate_config(load_config_source(self.raw),
+                                                   self._section_types, self.source)
+        self.world_size = resolve_world_size(world_size, mpu)
+        try:
+            resolved = resolve_batch_triangle(self.core.train_batch_size,
+                                              self.core.train_micro_batch_size_per_gpu,
+                                              self.core.gradient_accumulation_steps, self.world_size)
+        except DeepSpeedConfigError as exc:
+            raise DeepSpeedConfigError(exc.problems, source=self.source) from None
+        (self.train_batch_size, self.train_micro_batch_size_per_gpu,
+         self.gradient_accumulation_steps) = resolved
+
+    # -- sections ---------------------------------------------------------------------------
+    def _core_field_name(self, key: str) -> Optional[str]:
+        name = CoreConfig.input_keys().get(key)
+        if name is None and key in CoreConfig.deprecated_aliases():
+            name = CoreConfig.deprecated_aliases()[key][0]
+        return name
+
+    def section(self, key: str):
+        """The validated model of a core or plugin section, or None if the user omitted it."""
+        if key in self._section_types:
+            return self._plugins.get(key)
+        name = self._core_field_name(key)
+        if name is not None:
+            return getattr(self.core, name) if name in self.core.model_fields_set else None
+        if key in FEATURE_SECTIONS:
+            return None
+        raise KeyError(f"'{key}' is neither a core config key nor a section of an installed plugin")
+
+    def has_section(self, key: str) -> bool:
+        if key in self._section_types:
+            return key in self._plugins
+        name = self._core_field_name(key)
+        return name is not None and name in self.core.model_fields_set
+
+    # -- output -----------------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        """The resolved config: defaults filled in, batch triangle solved, old names renamed."""
+        resolved = self.core.to_dict()
+        resolved["train_batch_size"] = self.train_batch_size
+        resolved["train_micro_batch_size_per_gpu"] = self.train_micro_batch_size_per_gpu
+        resolved["gradient_accumulation_steps"] = self.gradient_accumulation_steps
+        for key, value in self._plugins.items():
+            resolved[key] = plain_value(value)
+        return resolved
+
+    def print(self, name: str = "DeepSpeedEngine") -> None:
+        """Log every resolved key once, on rank 0, as `  key ....... value` lines."""
+        from deepspeed.utils.logging import log_dist
+
+        items = sorted(flatten(self.to_dict()))
+        width = max(len(key) for key, _ in items) + 3
+        lines = [f"{name} configuration:"]
+        for key, value in items:
+            lines.append(f"  {key} {'.' * (width - len(key))} {value}")
+        log_dist("\n".join(lines), ranks=[0])
+
+    def __repr__(self):
+        where = f" from {self.source}" if self.source else ""
+        return (f"DeepSpeedConfig({where.strip() or 'dict'}: train_batch_size={self.train_batch_size}, "
+                f"micro={self.train_micro_batch_size_per_gpu}, gas={self.gradient_accumulation_steps}, "
+                f"sections={sorted(self._plugins)})")
+
+    # -- precision --------------------------------------------------------------------------
+    @property
+    def fp16_enabled(self) -> bool:
+        return self.core.fp16.enabled
+
+    @property
+    def fp16_auto_cast(self) -> bool:
+        return self.core.fp16.auto_cast
+
+    @property
+    def fp16_master_weights_and_grads(self) -> bool:
+        return self.core.fp16.fp16_master_weights_and_grads
+
+    @property
+    def loss_scale(self) -> float:
+        return self.core.fp16.loss_scale
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.core.fp16.dynamic_loss_scale
+
+    @property
+    def initial_dynamic_scale(self) -> float:
+        return float(2 ** self.core.fp16.initial_scale_power)
+
+    @property
+    def dynamic_loss_scale_args(self) -> Dict[str, Any]:
+        fp16 = self.core.fp16
+        return {"init_scale": self.initial_dynamic_scale, "scale_window": fp16.loss_scale_window,
+                "delayed_shift": fp16.hysteresis, "consecutive_hysteresis": fp16.consecutive_hysteresis,
+                "min_scale": fp16.min_loss_scale}
+
+    @property
+    def bfloat16_enabled(self) -> bool:
+        return self.core.bf16.enabled
+
+    bf16_enabled = bfloat16_enabled
+
+    @property
+    def bf16_immediate_grad_update(self) -> bool:
+        return self.core.bf16.immediate_grad_update
+
+    @property
+    def amp_enabled(self) -> bool:
+        return self.core.amp.enabled
+
+    @property
+    def amp_params(self) -> Dict[str, Any]:
+        return self.core.amp.apex_params()
+
+    @property
+    def communication_data_type(self) -> Optional[str]:
+        """'fp16', 'bf16', 'fp32' or None (= reduce in the training dtype)."""
+        return self.core.communication_data_type
+
+    @property
+    def grad_accum_dtype(self) -> Optional[str]:
+        return self.core.data_types.grad_accum_dtype
+
+    # -- gradients and logging --------------------------------------------------------------
+    @property
+    def gradient_clipping(self) -> float:
+        return self.core.gradient_clipping
+
+    @property
+    def prescale_gradients(self) -> bool:
+        return self.core.prescale_gradients
+
+    @property
+    def gradient_predivide_factor(self) -> float:
+        return self.core.gradient_predivide_factor
+
+    @property
+    def sparse_gradients_enabled(self) -> bool:
+        return self.core.sparse_gradients
+
+    @property
+    def steps_per_print(self) -> Optional[int]:
+        return self.core.steps_per_print
+
+    @property
+    def wall_clock_breakdown(self) -> bool:
+        return self.core.wall_clock_breakdown
+
+    @property
+    def memory_breakdown(self) -> bool:
+        return self.core.memory_breakdown
+
+    @property
+    def dump_state(self) -> bool:
+        return self.core.dump_state
+
+    @property
+    def dataloader_drop_last(self) -> bool:
+        return self.core.dataloader_drop_last
+
+    # -- optimizer and scheduler ------------------------------------------------------------
+    @property
+    def optimizer_name(self) -> Optional[str]:
+        """The `optimizer.type` exactly as written (case is the optimizer factory's business)."""
+        return self.core.optimizer.type if self.core.optimizer is not None else None
+
+    @property
+    def optimizer_params(self) -> Optional[Dict[str, Any]]:
+        return dict(self.core.optimizer.params) if self.core.optimizer is not None else None
+
+    @property
+    def scheduler_name(self) -> Optional[str]:
+        return self.core.scheduler.type if self.core.scheduler is not None else None
+
+    @property
+    def scheduler_params(self) -> Optional[Dict[str, Any]]:
+        return dict(self.core.scheduler.params) if self.core.scheduler is not None else None
+
+    @property
+    def zero_allow_untested_optimizer(self) -> bool:
+        return self.core.zero_allow_untested_optimizer
+
+    @property
+    def zero_force_ds_cpu_optimizer(self) -> bool:
+        return self.core.zero_force_ds_cpu_optimizer
+
+    # -- ZeRO (owned by a plugin; read defensively so the core works without it) -------------
+    @property
+    def zero_optimization_stage(self) -> int:
+        section = self._plugins.get("zero_optimization")
+        stage = getattr(section, "stage", None) if section is not None else None
+        if stage is not None:
+            return int(getattr(stage, "value", stage))
+        raw = self.raw.get("zero_optimization")
+        if raw is None:
+            return 0
+        if isinstance(raw, bool):  # legacy `"zero_optimization": true` meant stage 1
+            return int(raw)
+        if isinstance(raw, Mapping):
+            return int(raw.get("stage", 0))
+        raise DeepSpeedConfigError(f"zero_optimization: expected an object, got {raw!r}", source=self.source)
+
+    @property
+    def zero_enabled(self) -> bool:
+        return self.zero_optimization_stage > 0
+
+    # -- checkpoints ------------------------------------------------------------------------
+    @property
+    def checkpoint_tag_validation_enabled(self) -> bool:
+        return self.core.checkpoint.tag_validation != "Ignore"
+
+    @property
+    def checkpoint_tag_validation_fail(self) -> bool:
+        return self.core.checkpoint.tag_validation == "Fail"
+
+    @property
+    def load_universal_checkpoint(self) -> bool:
+        return self.core.checkpoint.load_universal
+
+    @property
+    def use_node_local_storage(self) -> bool:
+        return self.core.checkpoint.use_node_local_storage
+
+    @property
+    def checkpoint_parallel_write_pipeline(self) -> bool:
+        return self.core.checkpoint.parallel_write.pipeline_stage
+
+    @property
+    def activation_checkpointing_config(self):
+        return self.core.activation_checkpointing

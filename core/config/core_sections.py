@@ -1,0 +1,172 @@
+"""The core (non-plugin) config keys: batch sizes, precision, optimizer/scheduler, checkpoint.
+
+Defaults follow the DeepSpeed docs; where the docs are silent the choice is written next to the
+field. Feature sections (`zero_optimization`, monitors, profilers, ...) are *not* here: their
+plugins contribute them (see feature_sections.py).
+"""
+from typing import Annotated, Any, Dict, Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from deepspeed.config.model import DeepSpeedConfigModel, deprecated_alias
+
+# communication_data_type: the HF docs list "bfp16"; upstream (and torch) spell it "bf16".
+# Both are accepted and the resolved config always says "bf16".
+COMMUNICATION_DATA_TYPES = ("fp16", "bf16", "fp32")
+_COMM_DTYPE_SPELLINGS = {"fp16": "fp16", "fp32": "fp32", "bf16": "bf16", "bfp16": "bf16"}
+
+
+class FP16Config(DeepSpeedConfigModel):
+    """`fp16`: mixed precision with (by default dynamic) loss scaling."""
+
+    enabled: bool = False
+    auto_cast: bool = False
+    loss_scale: float = Field(0.0, ge=0, description="0 = dynamic loss scaling")
+    initial_scale_power: int = Field(16, ge=0, description="dynamic scaling starts at 2**power")
+    loss_scale_window: int = Field(1000, ge=1)
+    hysteresis: int = Field(2, ge=1)
+    consecutive_hysteresis: bool = False
+    min_loss_scale: float = Field(1.0, gt=0)
+    fp16_master_weights_and_grads: bool = False
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.loss_scale == 0
+
+
+class BF16Config(DeepSpeedConfigModel):
+    """`bf16` (old name `bfloat16`): bfloat16 training; same range as fp32, so no loss scaling."""
+
+    enabled: bool = False
+    immediate_grad_update: bool = False
+
+
+class AmpConfig(DeepSpeedConfigModel):
+    """`amp`: NVIDIA apex AMP. Besides `enabled`, every key is an `apex.amp.initialize` argument
+    and is passed through unchanged (apex validates them); they are declared so typos still fail."""
+
+    enabled: bool = False
+    opt_level: Optional[str] = None
+    cast_model_type: Optional[Any] = None
+    patch_torch_functions: Optional[bool] = None
+    keep_batchnorm_fp32: Optional[Any] = None
+    master_weights: Optional[bool] = None
+    loss_scale: Optional[Any] = None
+    cast_model_outputs: Optional[Any] = None
+    num_losses: Optional[int] = None
+    verbosity: Optional[int] = None
+    min_loss_scale: Optional[float] = None
+    max_loss_scale: Optional[float] = None
+
+    def apex_params(self) -> Dict[str, Any]:
+        """The kwargs for `apex.amp.initialize`: every apex key the user actually set."""
+        return {k: getattr(self, k) for k in self.model_fields_set if k != "enabled"}
+
+
+class OptimizerConfig(DeepSpeedConfigModel):
+    """`optimizer`: which optimizer the engine builds; `params` go to its constructor as-is."""
+
+    type: str
+    params: Dict[str, Any] = Field(default_factory=dict)
+
+
+class SchedulerConfig(DeepSpeedConfigModel):
+    """`scheduler`: which LR schedule the engine builds; `params` go to its constructor as-is."""
+
+    type: str
+    params: Dict[str, Any] = Field(default_factory=dict)
+
+
+class ParallelWriteConfig(DeepSpeedConfigModel):
+    pipeline_stage: bool = False
+
+
+class CheckpointConfig(DeepSpeedConfigModel):
+    """`checkpoint`: how checkpoints are validated, written and loaded."""
+
+    tag_validation: Literal["Ignore", "Warn", "Fail"] = "Warn"
+    load_universal: bool = False
+    use_node_local_storage: bool = False
+    parallel_write: ParallelWriteConfig = Field(default_factory=ParallelWriteConfig)
+
+    @field_validator("tag_validation", mode="before")
+    @classmethod
+    def _case_insensitive_mode(cls, value):
+        if isinstance(value, str):
+            return value.strip().capitalize()
+        return value
+
+
+class DataTypesConfig(DeepSpeedConfigModel):
+    """`data_types`: dtype of the gradient-accumulation buffer (None = the training dtype)."""
+
+    grad_accum_dtype: Optional[Literal["fp32", "fp16", "bf16"]] = None
+
+
+class ActivationCheckpointingConfig(DeepSpeedConfigModel):
+    """`activation_checkpointing`: read by `deepspeed.checkpointing.configure`."""
+
+    partition_activations: bool = False
+    contiguous_memory_optimization: bool = False
+    cpu_checkpointing: bool = False
+    number_checkpoints: Optional[int] = Field(None, ge=1)
+    synchronize_checkpoint_boundary: bool = False
+    profile: bool = False
+
+
+class CoreConfig(DeepSpeedConfigModel):
+    """Every top-level key the core engine owns."""
+
+    # batch triangle: resolved by batch.py, so all three are optional here
+    train_batch_size: Optional[int] = None
+    train_micro_batch_size_per_gpu: Optional[int] = None
+    gradient_accumulation_steps: Optional[int] = None
+
+    # The docs never state the default and upstream changed it (0 in older releases, 1.0 later).
+    # 0.0 = no clipping: a user who wants clipping says so, and HF fills it from max_grad_norm.
+    gradient_clipping: float = Field(0.0, ge=0)
+    # None disables the periodic progress line.
+    steps_per_print: Optional[int] = Field(10, ge=1)
+    wall_clock_breakdown: bool = False
+    dump_state: bool = False
+    memory_breakdown: bool = False
+    prescale_gradients: bool = False
+    gradient_predivide_factor: float = Field(1.0, gt=0)
+    sparse_gradients: bool = False
+    communication_data_type: Optional[str] = None
+
+    fp16: FP16Config = Field(default_factory=FP16Config)
+    bf16: Annotated[BF16Config, deprecated_alias("bfloat16")] = Field(default_factory=BF16Config)
+    amp: AmpConfig = Field(default_factory=AmpConfig)
+    optimizer: Optional[OptimizerConfig] = None
+    scheduler: Optional[SchedulerConfig] = None
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    data_types: DataTypesConfig = Field(default_factory=DataTypesConfig)
+    activation_checkpointing: ActivationCheckpointingConfig = Field(
+        default_factory=ActivationCheckpointingConfig)
+
+    zero_allow_untested_optimizer: bool = False
+    # True: ZeRO-Offload insists on DeepSpeed's CPU optimizers; False lets any optimizer run.
+    zero_force_ds_cpu_optimizer: bool = True
+    dataloader_drop_last: bool = False
+
+    @field_validator("communication_data_type", mode="before")
+    @classmethod
+    def _normalise_comm_dtype(cls, value):
+        if value is None:
+            return None
+        if not isinstance(value, str) or value.lower() not in _COMM_DTYPE_SPELLINGS:
+            raise ValueError(
+                f"Invalid communication_data_type. Supported data types: "
+                f"{list(COMMUNICATION_DATA_TYPES)} ('bfp16' is accepted as a spelling of 'bf16')")
+        return _COMM_DTYPE_SPELLINGS[value.lower()]
+
+    @model_validator(mode="after")
+    def _one_precision_mode(self):
+        enabled = [name for name in ("fp16", "bf16", "amp") if getattr(self, name).enabled]
+        if len(enabled) > 1:
+            names = " and ".join(enabled)
+            raise ValueError(
+                f"{names} cannot be enabled at once ({', '.join(f'{n}.enabled=true' for n in enabled)}); "
+                f"choose a single mixed-precision mode")
+        return self
