@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# the `dist_pool` fixture: warm gloo worker pools shared by every multi-rank test
+pytest_plugins = ["deepspeed.testing.pytest_plugin"]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

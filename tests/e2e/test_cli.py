@@ -1,0 +1,96 @@
+"""End to end through the real console scripts, as a user runs them."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def script(name):
+    found = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    assert found, f"console script {name} is not installed"
+    return found
+
+
+def run(cmd, env=None, timeout=240):
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def read_reports(folder, n):
+    reports = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(n)]
+    assert sorted(r["rank"] for r in reports) == list(range(n))
+    return reports
+
+
+def test_readme_demo_trains_on_two_processes():
+    out = run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+               "examples/train_demo.py"])
+    assert "world size        : 2 (backend gloo)" in out
+    assert "replicas identical: True" in out
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed", "torchrun"])
+def test_launchers_give_a_gloo_world_of_two(launcher, tmp_path):
+    port = str(free_port())
+    if launcher == "deepspeed":
+        cmd = [script("deepspeed"), "--num_gpus", "2", "--master_port", port]
+    else:
+        cmd = [script("torchrun"), "--nproc_per_node", "2", "--master_port", port]
+    run(cmd + [str(HERE / "probe_world.py"), str(tmp_path)])
+    for report in read_reports(tmp_path, 2):
+        assert report["world_size"] == 2 and report["backend"] == "gloo"
+        assert report["sum_of_ranks"] == 1.0
+
+
+def test_third_party_accelerator_selected_by_env(install_fixture_package, tmp_path):
+    install_fixture_package("ds_example_accelerator")
+    run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+         str(HERE / "probe_world.py"), str(tmp_path)], env={"DS_ACCELERATOR": "example"})
+    for report in read_reports(tmp_path, 2):
+        assert report["accelerator"] == "example"
+        assert report["accelerator_module"] == "ds_example_accelerator"
+
+
+def test_third_party_plugin_hooks_run_in_a_launched_job(install_fixture_package, tmp_path):
+    install_fixture_package("ds_example_plugin")
+    run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+         str(HERE / "train_with_recorder.py"), str(tmp_path)])
+    micro = ["before_forward", "after_forward", "before_backward"]
+    boundary = micro + ["reduce_gradients", "after_backward", "before_step", "after_step"]
+    expected = ["engine_init", "wrap_optimizer"] + (micro + ["after_backward"] + boundary) * 2
+    for rank in range(2):
+        lines = (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()
+        calls = [json.loads(line) for line in lines]
+        assert [c["hook"] for c in calls] == expected
+        assert [c["global_steps"] for c in calls if c["hook"] == "after_step"] == [1, 2]
+
+
+def test_ds_report_lists_accelerator_torch_and_plugins(install_fixture_package):
+    install_fixture_package("ds_example_plugin")
+    import torch
+
+    out = run([script("ds_report")])
+    assert "accelerator" in out and "cpu (backend gloo)" in out
+    assert torch.__version__ in out
+    assert "call_recorder [ds-example-plugin 0.1.0]" in out
+    assert "enabled by: call_recorder" in out
+    assert "needy_example" in out
+    out = run([sys.executable, "-m", "deepspeed.env_report", "--hide_operator_status"])
+    assert "op report" not in out and "torch version" in out
