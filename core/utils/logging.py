@@ -36,4 +36,4 @@ def log_dist(message, ranks=(0,), level=logging.INFO):
     """Log `message` on the given ranks only; `ranks=None` or containing -1 means every rank."""
     rank = _current_rank()
     if ranks is None or -1 in ranks or rank in ranks:
-        logger.log(level, f"[Rank {rank}] {message}")
+        logger.log(level, f"[Rank {rank}] {message}", stacklevel=2)

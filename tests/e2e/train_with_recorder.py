@@ -13,7 +13,7 @@ engine, *_ = deepspeed.initialize(model=model, config={
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 2,
     "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-    "call_recorder": {"record_file": f"{record_dir}/rank{os.environ["RANK"]}.jsonl"},
+    "call_recorder": {"record_file": f"{record_dir}/rank{os.environ['RANK']}.jsonl"},
 })
 for _ in range(4):
     loss = engine(torch.randn(2, 4)).pow(2).mean()

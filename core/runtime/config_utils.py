@@ -1,0 +1,2 @@
+"""`deepspeed.runtime.config_utils` -> `deepspeed.config`."""
+from deepspeed.config import DeepSpeedConfigModel  # noqa: F401

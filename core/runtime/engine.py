@@ -1,0 +1,2 @@
+"""`deepspeed.runtime.engine` -> `deepspeed.engine`."""
+from deepspeed.engine import DeepSpeedEngine  # noqa: F401

@@ -1,0 +1,81 @@
+"""Fixtures for launcher tests: a free port, the probe worker in a temp dir, and a runner call."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+# variables that would change what the launcher does if inherited from the developer's shell
+SCRUBBED_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "DS_ENV_FILE", "MASTER_ADDR",
+                "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@pytest.fixture
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A cwd holding probe.py and an empty out/ directory for the per-rank JSON files."""
+    shutil.copy(HERE / "probe_script.py", tmp_path / "probe.py")
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+def _deepspeed_cmd():
+    script = shutil.which("deepspeed") or os.path.join(os.path.dirname(sys.executable), "deepspeed")
+    assert os.path.exists(script), "the `deepspeed` console script is not installed (pip install -e .)"
+    return [script]
+
+
+@pytest.fixture
+def deepspeed_cmd():
+    """argv prefix of the installed `deepspeed` console script."""
+    return _deepspeed_cmd()
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env["DS_ACCELERATOR"] = "cpu"  # the same CPU-process semantics on a machine with GPUs
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def clean_env():
+    """Build a subprocess env without launcher-relevant variables from the developer's shell."""
+    return _clean_env
+
+
+@pytest.fixture
+def run_deepspeed(workdir):
+    """Run `deepspeed <args>` in workdir; returns the CompletedProcess with combined output."""
+
+    def run(*args, env=None, timeout=120):
+        return subprocess.run(_deepspeed_cmd() + [str(a) for a in args], cwd=workdir,
+                              env=env or _clean_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+    return run
+
+
+def _read_ranks(out_dir):
+    records = {}
+    for path in sorted(Path(out_dir).glob("rank*.json")):
+        record = json.loads(path.read_text())
+        records[int(record["env"]["RANK"])] = record
+    return records
+
+
+@pytest.fixture
+def read_ranks():
+    """{rank: record} from the probe's rank<R>.json files in a directory."""
+    return _read_ranks

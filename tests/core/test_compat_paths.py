@@ -1,0 +1,26 @@
+"""Every long import path the docs / HF integration use resolves to the real home."""
+import importlib
+
+import pytest
+
+PATHS = [
+    ("deepspeed.runtime.config", "DeepSpeedConfig", "deepspeed.config"),
+    ("deepspeed.runtime.config_utils", "DeepSpeedConfigModel", "deepspeed.config"),
+    ("deepspeed.runtime.engine", "DeepSpeedEngine", "deepspeed.engine"),
+    ("deepspeed.accelerator", "get_accelerator", "deepspeed.accelerator"),
+    ("deepspeed.launcher.runner", "main", "deepspeed.launcher.runner"),
+]
+
+
+@pytest.mark.parametrize("path,name,home", PATHS)
+def test_documented_import_path(path, name, home):
+    obj = getattr(importlib.import_module(path), name)
+    assert obj is getattr(importlib.import_module(home), name)
+
+
+def test_top_level_names():
+    import deepspeed
+
+    for name in ("initialize", "add_config_arguments", "init_distributed", "DeepSpeedEngine",
+                 "DeepSpeedConfig", "get_accelerator", "hookimpl", "__version__", "comm"):
+        assert getattr(deepspeed, name) is not None, name
