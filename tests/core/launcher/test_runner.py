@@ -10,12 +10,16 @@ from deepspeed.utils.logging import logger
 
 
 class FakeAccelerator:
-    def __init__(self, name, count):
+    def __init__(self, name, count, device_type=None):
         self._name = name
         self._count = count
+        self._device_type = device_type or name
 
     def device_count(self):
         return self._count
+
+    def device_name(self, device_index=None):
+        return self._device_type
 
     def visible_devices_envs(self):
         return ["CUDA_VISIBLE_DEVICES"]
@@ -48,8 +52,8 @@ def log_messages():
     logger.removeHandler(handler)
 
 
-def use_accelerator(monkeypatch, name, count):
-    fake = FakeAccelerator(name, count)
+def use_accelerator(monkeypatch, name, count, device_type=None):
+    fake = FakeAccelerator(name, count, device_type)
     monkeypatch.setattr(runner, "_accelerator", lambda: fake)
     monkeypatch.setattr(launch, "visible_devices_envs", fake.visible_devices_envs)
 
@@ -122,6 +126,13 @@ def test_cpu_defaults_to_one_worker_per_numa_node(capsys, monkeypatch):
     _, cmd, workers = dry_run(capsys, "probe.py")
     assert decode_world_info(cmd[cmd.index("-m") + 2].split("=", 1)[1]) == {"localhost": [0]}
     assert len(workers) == 1 and "--master_addr=127.0.0.1" in cmd
+
+
+def test_cpu_derived_third_party_accelerator_gets_the_cpu_pool(capsys, monkeypatch):
+    use_accelerator(monkeypatch, "example", 1, device_type="cpu")
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    _, _, workers = dry_run(capsys, "--num_gpus", "2", "probe.py")
+    assert len(workers) == 2
 
 
 def test_cpu_num_gpus_starts_that_many_processes_even_beyond_cores(capsys, monkeypatch):
