@@ -25,10 +25,10 @@ logger = _create_logger()
 
 
 def _current_rank():
-    import torch.distributed as dist
+    from deepspeed import comm  # here, not at the top: deepspeed.comm logs through this module
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
+    if comm.is_initialized():
+        return comm.get_rank()
     return int(os.environ.get("RANK", "0"))
 
 
