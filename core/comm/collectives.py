@@ -9,7 +9,6 @@ import os
 import sys
 import time
 
-import torch
 import torch.distributed as dist
 
 from deepspeed.comm import backend_ops, observers, state
@@ -38,12 +37,8 @@ def _timeout_error(exc, op, group):
 
 
 def _synchronize():
-    try:
-        from deepspeed.accelerator import get_accelerator
-    except ImportError:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return
+    from deepspeed.accelerator import get_accelerator  # lazy: the accelerator may import comm
+
     get_accelerator().synchronize()
 
 

@@ -20,10 +20,8 @@ NOT_INITIALIZED_MESSAGE = ("Distributed backend is not initialized. Please set d
 
 def accelerator_backend() -> str:
     """The accelerator's communication backend ('gloo' on CPU, 'nccl' on CUDA, ...)."""
-    try:
-        from deepspeed.accelerator import get_accelerator
-    except ImportError:
-        return "nccl" if torch.cuda.is_available() else "gloo"
+    from deepspeed.accelerator import get_accelerator  # lazy: the accelerator may import comm
+
     return get_accelerator().communication_backend_name()
 
 
