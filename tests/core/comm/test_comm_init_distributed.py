@@ -168,3 +168,25 @@ def test_a_collective_entered_by_one_rank_raises_comm_timeout_error(tmp_path):
     assert later_fields == [0, "all_reduce", 2, timedelta(seconds=3), "RuntimeError"], later_message
     assert later_message.startswith("rank 0 cannot run all_reduce on a group of 2 rank(s): an "
                                     "earlier op on this group timed out (timeout 3 s)")
+
+
+def _exit_hook_destroys_only_own_group(created_by):
+    import torch.distributed as tdist
+
+    from deepspeed import comm as dist
+
+    if created_by == "caller":
+        tdist.init_process_group("gloo")
+    dist.init_distributed()
+    initialization._destroy_own_group_at_exit()
+    alive = tdist.is_initialized()
+    if alive:
+        tdist.destroy_process_group()
+    return alive
+
+
+@pytest.mark.parametrize("created_by, survives", [("deepspeed", False), ("caller", True)])
+def test_exit_hook_destroys_only_the_group_deepspeed_created(created_by, survives):
+    results = run_distributed(_exit_hook_destroys_only_own_group, world_size=2, init=False,
+                              args=(created_by,))
+    assert results == [survives, survives]
