@@ -88,12 +88,13 @@ def _git_info():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.isdir(os.path.join(root, ".git")):
         return "unknown", "unknown"
+    def ask(*args):
+        return subprocess.run(["git", "-C", root, "rev-parse", *args], capture_output=True,
+                              text=True, timeout=5, check=True).stdout.strip()
+
     try:
-        out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD",
-                              "--abbrev-ref", "HEAD"], capture_output=True, text=True,
-                             timeout=5, check=True).stdout.split()
-        return out[0], out[1]
-    except (OSError, subprocess.SubprocessError, IndexError):
+        return ask("--short", "HEAD"), ask("--abbrev-ref", "HEAD")
+    except (OSError, subprocess.SubprocessError):
         return "unknown", "unknown"
 
 

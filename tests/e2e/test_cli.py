@@ -89,6 +89,9 @@ def test_ds_report_lists_accelerator_torch_and_plugins(install_fixture_package):
     out = run([script("ds_report")])
     assert "accelerator" in out and "cpu (backend gloo)" in out
     assert torch.__version__ in out
+    import deepspeed
+
+    assert f"{deepspeed.__version__}, " in out and "unknown, unknown" not in out
     assert "call_recorder [ds-example-plugin 0.1.0]" in out
     assert "enabled by: call_recorder" in out
     assert "needy_example" in out
