@@ -77,7 +77,9 @@ class DeepSpeedEngine(torch.nn.Module):
     def _configure_optimizer(self, client_optimizer):
         from deepspeed.optimizers import build_optimizer
 
-        basic = build_optimizer(client_optimizer, self.config, self._model_parameters)
+        basic = build_optimizer(client_optimizer, self.config, self._model_parameters,
+                                plugin_builder=lambda **kw: self.hook.deepspeed_build_optimizer(
+                                    engine=self, **kw))
         wrapped = self.hook.deepspeed_wrap_optimizer(engine=self, optimizer=basic)
         return wrapped if wrapped is not None else basic
 

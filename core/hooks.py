@@ -50,6 +50,17 @@ def deepspeed_engine_init(engine, config):
 
 
 @hookspec(firstresult=True)
+def deepspeed_build_optimizer(engine, name, params, optimizer_params):
+    """Build the optimizer the config names when the core does not know ``name`` (first result
+    wins).
+
+    ``name`` is ``optimizer.type`` as written (e.g. ``"OneBitAdam"``), ``params`` the model
+    parameters or param-group dicts, ``optimizer_params`` the ``optimizer.params`` dict. Return
+    a ``torch.optim.Optimizer`` or None when the name is not yours.
+    """
+
+
+@hookspec(firstresult=True)
 def deepspeed_wrap_optimizer(engine, optimizer):
     """Offer to replace the optimizer the engine will step (first result wins).
 

@@ -39,8 +39,11 @@ OPTIMIZER_FACTORIES = {
 }
 
 
-def build_optimizer(client_optimizer, config, model_parameters):
-    """Return the optimizer to step, or None for an engine without one (inference)."""
+def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=None):
+    """Return the optimizer to step, or None for an engine without one (inference).
+
+    ``plugin_builder(name=, params=, optimizer_params=)`` asks the enabled plugins for a
+    type the core does not know (the ``deepspeed_build_optimizer`` hook)."""
     name = config.optimizer_name
     if client_optimizer is not None:
         if name is not None:
@@ -55,13 +58,17 @@ def build_optimizer(client_optimizer, config, model_parameters):
                         f"torch.optim.Optimizer nor a callable returning one")
     if name is None:
         return None
-    factory = OPTIMIZER_FACTORIES.get(name.lower())
-    if factory is None:
-        raise DeepSpeedConfigError(
-            f"optimizer.type: '{name}' is not available; choose one of "
-            f"{sorted(OPTIMIZER_FACTORIES)}")
     params = dict(config.optimizer_params or {})
     if "max_grad_norm" in params:
         raise DeepSpeedConfigError("optimizer.params.max_grad_norm is not supported; use the "
                                    "top-level 'gradient_clipping' key instead")
-    return factory(model_parameters, params)
+    factory = OPTIMIZER_FACTORIES.get(name.lower())
+    if factory is not None:
+        return factory(model_parameters, params)
+    built = plugin_builder(name=name, params=model_parameters, optimizer_params=params) \
+        if plugin_builder is not None else None
+    if built is None:
+        raise DeepSpeedConfigError(
+            f"optimizer.type: '{name}' is not available; the core provides "
+            f"{sorted(OPTIMIZER_FACTORIES)} and no enabled plugin builds '{name}'")
+    return built
