@@ -3,20 +3,29 @@
 The whole step fits on one screen:
 
     loss = engine(batch)      # deepspeed_before_forward -> module -> deepspeed_after_forward
-    engine.backward(loss)     # scale by 1/gas -> autograd -> at the boundary, reduce gradients
-                              #   (deepspeed_reduce_gradients, else the core all-reduce average)
-    engine.step()             # at the boundary: clip -> optimizer -> LR scheduler -> zero grads
+    engine.backward(loss)     # scale (1/gas, fp16 loss scale) -> autograd -> at the boundary,
+                              #   reduce gradients (deepspeed_reduce_gradients, else all-reduce)
+    engine.step()             # at the boundary: unscale + overflow check -> clip -> optimizer
+                              #   -> copy fp32 masters back -> LR scheduler -> zero grads
 
 Data parallelism over ``deepspeed.comm`` is the core's only strategy (ZeRO stage 0); ZeRO,
 pipelining, compressed communication and the rest replace pieces of it through the hooks in
-``deepspeed.hooks``, never by editing this file.
+``deepspeed.hooks``. Precision (fp32 / bf16 / fp16) lives in ``deepspeed.precision`` behind one
+small protocol, so this file reads the same for all three.
 """
+from contextlib import contextmanager
+
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.precision import check_precision_supported, precision_for, training_dtype
 from deepspeed.utils.logging import log_dist, logger
+from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer
+
+COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+STEP_TIMERS = ["forward", "backward", "backward_inner", "backward_allreduce", "step"]
 
 
 class DeepSpeedEngine(torch.nn.Module):
@@ -26,8 +35,6 @@ class DeepSpeedEngine(torch.nn.Module):
                  lr_scheduler=None, mpu=None, training_data=None, collate_fn=None):
         super().__init__()
         self.module = model
-        self._client_model_parameters = (list(model_parameters)
-                                         if model_parameters is not None else None)
         self.config = config
         self._config = config  # upstream spelling, read by integrations
         self.plugins = plugins
@@ -38,22 +45,33 @@ class DeepSpeedEngine(torch.nn.Module):
         self.micro_steps = 0
         self.skipped_steps = 0
         self._boundary_override = None
+        self._inside_no_sync = False
         self._global_grad_norm = None
+        self._last_loss = None
         self._comm_observer = None
+        self._client_model_parameters = (list(model_parameters)
+                                         if model_parameters is not None else None)
 
         self.device = torch.device(get_accelerator().current_device_name())
         self.local_rank = dist.get_local_rank()
-        self.module.to(self.device)
         self.dp_group = mpu.get_data_parallel_group() if mpu is not None else None
         self.dp_world_size = dist.get_world_size(group=self.dp_group)
+        check_precision_supported(config, get_accelerator())
+        self.module.to(self.device)
+        if training_dtype(config) != torch.float32:  # fp32 leaves the user's dtypes alone
+            self.module.to(training_dtype(config))
+        self.timers = SynchronizedWallClockTimer() if config.wall_clock_breakdown else NoopTimer()
+        self.throughput = ThroughputTimer(config.train_batch_size)
 
         self._subscribe_comm_events()
+        self._configure_activation_checkpointing()
         self.hook.deepspeed_engine_init(engine=self, config=config)
 
-        self.optimizer = self._configure_optimizer(optimizer)
+        self.basic_optimizer, self.optimizer, self.precision = self._configure_optimizer(optimizer)
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = (self.deepspeed_io(training_data)
                                     if training_data is not None else None)
+        self._warn_lossy_accumulation()
         config.print("DeepSpeedEngine")
 
     # ------------------------------------------------------------------ plugins
@@ -75,20 +93,57 @@ class DeepSpeedEngine(torch.nn.Module):
 
     # ------------------------------------------------------------------ set-up
     def _configure_optimizer(self, client_optimizer):
+        """(basic optimizer, optimizer to expose, precision policy)."""
         from deepspeed.optimizers import build_optimizer
 
         basic = build_optimizer(client_optimizer, self.config, self._model_parameters,
                                 plugin_builder=lambda **kw: self.hook.deepspeed_build_optimizer(
                                     engine=self, **kw))
+        if basic is not None and self.config.amp_enabled:
+            return self._configure_apex_amp(basic)
         wrapped = self.hook.deepspeed_wrap_optimizer(engine=self, optimizer=basic)
-        return wrapped if wrapped is not None else basic
+        if wrapped is not None:  # the plugin owns precision too (it exposes the same protocol)
+            return basic, wrapped, wrapped
+        precision, exposed = precision_for(self.config, self.module, basic)
+        return basic, exposed, precision
+
+    def _configure_apex_amp(self, basic):
+        try:
+            from apex import amp
+        except ImportError as exc:
+            raise ImportError("the 'amp' config section needs NVIDIA apex, which is not "
+                              "installed; use \"fp16\" or \"bf16\" instead") from exc
+        from deepspeed.precision import FullPrecision
+
+        self.module, basic = amp.initialize(self.module, basic, **self.config.amp_params)
+        return basic, basic, FullPrecision(self.module, basic)
 
     def _configure_lr_scheduler(self, client_scheduler):
-        if client_scheduler is None or self.optimizer is None:
+        if self.optimizer is None:
+            return None
+        if client_scheduler is not None:
+            if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
+                return client_scheduler(self.basic_optimizer)
             return client_scheduler
-        if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
-            return client_scheduler(self.optimizer)
-        return client_scheduler
+        if self.config.scheduler_name is None:
+            return None
+        from deepspeed.lr_schedules import build_lr_scheduler
+
+        return build_lr_scheduler(self.config.scheduler_name, self.config.scheduler_params or {},
+                                  self.basic_optimizer)
+
+    def _configure_activation_checkpointing(self):
+        if self.config.has_section("activation_checkpointing"):
+            from deepspeed import checkpointing
+
+            checkpointing.configure(self.mpu, deepspeed_config=self.config)
+
+    def _warn_lossy_accumulation(self):
+        if (self.config.bfloat16_enabled and self.gradient_accumulation_steps() > 1
+                and self.config.grad_accum_dtype != "fp32"):
+            log_dist("bf16 with gradient accumulation accumulates gradients in bf16 (lossy); "
+                     "set \"data_types\": {\"grad_accum_dtype\": \"fp32\"} to accumulate in fp32",
+                     ranks=[0], level=30)
 
     @property
     def _model_parameters(self):
@@ -102,51 +157,68 @@ class DeepSpeedEngine(torch.nn.Module):
         from torch.utils.data import DataLoader, DistributedSampler
 
         rank = dist.get_rank(group=self.dp_group)
+        drop_last = self.config.core.dataloader_drop_last
         sampler = data_sampler or DistributedSampler(
             dataset, num_replicas=self.dp_world_size, rank=rank, shuffle=False,
-            drop_last=self.config.core.dataloader_drop_last)
+            drop_last=drop_last)
         return DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
                           sampler=sampler, collate_fn=collate_fn or self.collate_fn,
                           num_workers=num_local_io_workers or 0,
                           pin_memory=pin_memory and get_accelerator().device_name() != "cpu",
-                          drop_last=self.config.core.dataloader_drop_last)
+                          drop_last=drop_last)
 
     # ------------------------------------------------------------------ the training step
     def forward(self, *args, **kwargs):
+        self.timers("forward").start()
+        if self.config.fp16_enabled and self.config.fp16_auto_cast:
+            args, kwargs = _cast_floats((args, kwargs), torch.float16)
         self.hook.deepspeed_before_forward(engine=self, args=args, kwargs=kwargs)
         output = self.module(*args, **kwargs)
         self.hook.deepspeed_after_forward(engine=self, output=output)
+        self.timers("forward").stop()
         return output
 
     def backward(self, loss, allreduce_gradients=True, release_loss=False, retain_graph=False,
                  scale_wrt_gas=True):
         """Accumulate gradients of ``loss``; at the boundary, average them over data parallel
-        ranks. Returns the loss actually back-propagated (divided by gas when accumulating)."""
+        ranks. Returns the loss divided by gas (what was back-propagated, before loss scaling)."""
         assert self.optimizer is not None, \
             "must provide optimizer during init in order to use backward"
         if not allreduce_gradients:
             logger.warning("backward(allreduce_gradients=False) is deprecated and ignored")
+        self.timers("backward").start()
         self.hook.deepspeed_before_backward(engine=self, loss=loss)
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             loss = loss / self.gradient_accumulation_steps()
-        loss.backward(retain_graph=retain_graph)
-        if self.is_gradient_accumulation_boundary():
+        self._last_loss = loss.detach()
+        self.timers("backward_inner").start()
+        self.precision.scale_loss(loss).backward(retain_graph=retain_graph)
+        self.precision.accumulate_micro_grads()
+        self.timers("backward_inner").stop()
+        if self.is_gradient_accumulation_boundary() and not self._inside_no_sync:
+            self.timers("backward_allreduce").start()
             if not self.hook.deepspeed_reduce_gradients(engine=self):
                 self.allreduce_gradients()
+            self.timers("backward_allreduce").stop()
         self.hook.deepspeed_after_backward(engine=self, loss=loss)
+        self.timers("backward").stop()
         return loss
 
     def allreduce_gradients(self):
         """Average gradients over the data-parallel group in one flat buffer (one collective
-        instead of one per parameter)."""
+        instead of one per parameter), in ``communication_data_type`` when set."""
         if self.dp_world_size == 1:
             return
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        grads = self.precision.reduction_grads()
         if not grads:
             return
-        flat = _flatten_dense_tensors(grads)
-        flat.div_(self.dp_world_size)
+        comm_dtype = COMM_DTYPES.get(self.config.communication_data_type, grads[0].dtype)
+        flat = _flatten_dense_tensors(grads).to(comm_dtype)
+        predivide = self.config.gradient_predivide_factor
+        if self.config.prescale_gradients:
+            flat.div_(predivide)
         dist.all_reduce(flat, group=self.dp_group)
+        flat.mul_((predivide if self.config.prescale_gradients else 1.0) / self.dp_world_size)
         for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
             grad.copy_(reduced)
 
@@ -156,36 +228,65 @@ class DeepSpeedEngine(torch.nn.Module):
         assert self.optimizer is not None, \
             "must provide optimizer during init in order to use step"
         lr_kwargs = lr_kwargs if lr_kwargs is not None else lr_kwarg
-        if self.is_gradient_accumulation_boundary():
+        self.timers("step").start()
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             self.hook.deepspeed_before_step(engine=self)
-            self._clip_gradients()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
+            finite = self.precision.unscale_grads()  # False: fp16 overflow, skip this step
+            if finite:
+                self._global_grad_norm = self._clip_gradients(self.precision.master_params())
+                self.basic_optimizer.step()
+                self.precision.after_optimizer_step()
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step(**(lr_kwargs or {}))
+            else:
+                self.skipped_steps += 1
+            self.precision.update_scale(overflow=not finite)
+            self.precision.zero_grad()
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
+            self.throughput.step()
             self.hook.deepspeed_after_step(engine=self)
-            self._report_progress()
         self.micro_steps += 1
         self._boundary_override = None
+        self.timers("step").stop()
+        if boundary:
+            self._report_progress()
 
-    def _clip_gradients(self):
+    def _clip_gradients(self, params):
+        """Clip to ``gradient_clipping`` (0 = off) and return the global gradient norm."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return 0.0
         clip = self.config.gradient_clipping
-        params = [p for p in self.module.parameters() if p.grad is not None]
         if clip and clip > 0:
-            self._global_grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        else:
-            self._global_grad_norm = float(torch.nn.utils.get_total_norm(
-                [p.grad for p in params])) if params else 0.0
+            return float(torch.nn.utils.clip_grad_norm_(params, clip))
+        return float(torch.nn.utils.get_total_norm(grads))
 
     def _report_progress(self):
         every = self.config.steps_per_print
-        if every and self.global_steps % every == 0:
-            log_dist(f"step={self.global_steps}, skipped={self.skipped_steps}, "
-                     f"lr={self.get_lr()}", ranks=[0])
+        if not every or self.global_steps == 0 or self.global_steps % every:
+            return
+        current, average = self.throughput.report()
+        loss = None if self._last_loss is None else \
+            self._last_loss.item() * self.gradient_accumulation_steps()
+        log_dist(f"step={self.global_steps}, skipped={self.skipped_steps}, lr={self.get_lr()}, "
+                 f"loss={loss}, samples/sec={current:.2f} (avg {average:.2f})", ranks=[0])
+        self.timers.log(STEP_TIMERS)
 
-    # ------------------------------------------------------------------ queries
+    # ------------------------------------------------------------------ queries and switches
+    @contextmanager
+    def no_sync(self):
+        """Skip the gradient reduction inside this context (gradients keep accumulating)."""
+        assert self.zero_optimization_stage() < 2, \
+            "no_sync is not compatible with ZeRO stage 2 or 3 (gradients are partitioned)"
+        assert not self._inside_no_sync, "no_sync contexts cannot be nested"
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
+
     def is_gradient_accumulation_boundary(self):
         if self._boundary_override is not None:
             return self._boundary_override
@@ -207,6 +308,12 @@ class DeepSpeedEngine(torch.nn.Module):
     def zero_optimization_stage(self):
         return self.config.zero_optimization_stage
 
+    def fp16_enabled(self):
+        return self.config.fp16_enabled
+
+    def bfloat16_enabled(self):
+        return self.config.bfloat16_enabled
+
     def get_global_grad_norm(self):
         return self._global_grad_norm
 
@@ -214,3 +321,40 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.optimizer is None:
             return []
         return [group["lr"] for group in self.optimizer.param_groups]
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,
+                        exclude_frozen_parameters=False):
+        from deepspeed.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state,
+                               save_latest=save_latest,
+                               exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False, custom_load_fn=None):
+        from deepspeed.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+                               load_optimizer_states=load_optimizer_states,
+                               load_lr_scheduler_states=load_lr_scheduler_states,
+                               load_module_only=load_module_only, custom_load_fn=custom_load_fn)
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters=False):
+        from deepspeed.checkpoint import save_16bit_model
+
+        return save_16bit_model(self, save_dir, save_filename=save_filename,
+                                exclude_frozen_parameters=exclude_frozen_parameters)
+
+
+def _cast_floats(value, dtype):
+    """``fp16.auto_cast``: floating-point tensors in (nested) inputs become ``dtype``."""
+    if torch.is_tensor(value):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value

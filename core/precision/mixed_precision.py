@@ -1,0 +1,196 @@
+"""The engine's precision policy: who holds the weights the optimizer steps, and in what dtype.
+
+- ``FullPrecision`` (fp32): the optimizer steps the model's own parameters.
+- ``MixedPrecisionOptimizer`` (fp16 / bf16): the model computes in 16 bits while the optimizer
+  steps fp32 *master* copies; gradients are copied (and, for fp16, unscaled and checked for
+  overflow) into the masters, and the updated masters are copied back into the model.
+
+Both expose the same small protocol so ``DeepSpeedEngine.step`` reads the same for every
+precision: ``scale_loss``, ``accumulate_micro_grads``, ``reduction_grads``, ``unscale_grads``
+(False = overflow, skip the step), ``master_params``, ``after_optimizer_step``,
+``update_scale``, ``zero_grad``.
+"""
+import torch
+
+from deepspeed import comm as dist
+from deepspeed.precision.loss_scaler import log_overflow
+
+
+def _grads(params):
+    return [p.grad for p in params if p.grad is not None]
+
+
+class FullPrecision:
+    """fp32 training: nothing to copy, nothing to scale."""
+
+    loss_scale = 1.0
+
+    def __init__(self, module, optimizer):
+        self.module = module
+        self.optimizer = optimizer
+
+    def scale_loss(self, loss):
+        return loss
+
+    def accumulate_micro_grads(self):
+        """Gradients accumulate in place in ``param.grad``."""
+
+    def reduction_grads(self):
+        return _grads(self.module.parameters())
+
+    def unscale_grads(self):
+        return True
+
+    def master_params(self):
+        return [p for p in self.module.parameters() if p.grad is not None]
+
+    def after_optimizer_step(self):
+        """The optimizer updated the model's parameters directly."""
+
+    def update_scale(self, overflow):
+        """No loss scale to move."""
+
+    def zero_grad(self):
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.module.zero_grad(set_to_none=True)
+
+
+class MixedPrecisionOptimizer:
+    """Wraps an optimizer built over a 16-bit model so that it steps fp32 master weights.
+
+    This is what ``deepspeed.initialize`` returns as the optimizer under fp16/bf16. Its
+    ``state_dict`` carries the master weights and the loss scaler, so a resumed run continues
+    bit-exactly instead of re-deriving fp32 weights from rounded 16-bit ones.
+    """
+
+    def __init__(self, optimizer, loss_scaler=None, fp32_grad_accumulation=False,
+                 overflow_group=None):
+        self.optimizer = optimizer
+        self.loss_scaler = loss_scaler
+        self.fp32_grad_accumulation = fp32_grad_accumulation
+        self.overflow_group = overflow_group
+        self.overflow = False
+        self._pairs = []  # (16-bit model param, fp32 master)
+        for group in optimizer.param_groups:
+            masters = []
+            for param in group["params"]:
+                master = torch.nn.Parameter(param.detach().float().clone(),
+                                            requires_grad=param.requires_grad)
+                if param in optimizer.state:  # a client optimizer that already stepped
+                    optimizer.state[master] = optimizer.state.pop(param)
+                self._pairs.append((param, master))
+                masters.append(master)
+            group["params"] = masters
+
+    # ---- the optimizer face users and schedulers see
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @property
+    def cur_scale(self):
+        return self.loss_scaler.cur_scale if self.loss_scaler is not None else 1.0
+
+    loss_scale = cur_scale
+
+    def step(self, closure=None):
+        """Step the masters and refresh the model; the engine calls ``unscale_grads`` first."""
+        result = self.optimizer.step(closure)
+        self.after_optimizer_step()
+        return result
+
+    def state_dict(self):
+        return {"optimizer_state_dict": self.optimizer.state_dict(),
+                "fp32_master_weights": [m.detach().clone() for _, m in self._pairs],
+                "loss_scaler": (self.loss_scaler.state_dict()
+                                if self.loss_scaler is not None else None),
+                "overflow": self.overflow}
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict["optimizer_state_dict"])
+        saved = state_dict["fp32_master_weights"]
+        if len(saved) != len(self._pairs):
+            raise ValueError(f"checkpoint holds {len(saved)} fp32 master weights, this optimizer "
+                             f"has {len(self._pairs)} parameters")
+        with torch.no_grad():
+            for (_, master), value in zip(self._pairs, saved):
+                master.copy_(value)
+        self.after_optimizer_step()
+        if self.loss_scaler is not None and state_dict.get("loss_scaler") is not None:
+            self.loss_scaler.load_state_dict(state_dict["loss_scaler"])
+        self.overflow = bool(state_dict.get("overflow", False))
+
+    # ---- the precision protocol the engine drives
+    def scale_loss(self, loss):
+        # in fp32: a 16-bit loss times 2**16 would overflow before backward even starts
+        return loss.float() * self.cur_scale if self.loss_scaler is not None else loss
+
+    def accumulate_micro_grads(self):
+        """With fp32 accumulation, move each micro-batch's 16-bit gradient into the master."""
+        if not self.fp32_grad_accumulation:
+            return
+        for param, master in self._pairs:
+            if param.grad is None:
+                continue
+            if master.grad is None:
+                master.grad = param.grad.float()
+            else:
+                master.grad.add_(param.grad)
+            param.grad = None
+
+    def reduction_grads(self):
+        if self.fp32_grad_accumulation:
+            return _grads(m for _, m in self._pairs)
+        return _grads(p for p, _ in self._pairs)
+
+    def unscale_grads(self):
+        """Copy gradients into the masters in fp32 and unscale them; False on inf/nan."""
+        if not self.fp32_grad_accumulation:
+            for param, master in self._pairs:
+                master.grad = None if param.grad is None else param.grad.float()
+        grads = _grads(self.master_params())
+        if self.loss_scaler is None:
+            self.overflow = False
+            return True
+        if grads and self.cur_scale != 1.0:
+            torch._foreach_mul_(grads, 1.0 / self.cur_scale)
+        bad = torch.zeros(1)
+        if grads:
+            bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any().float().view(1)
+        if dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.overflow_group)
+        self.overflow = bool(bad.item())
+        return not self.overflow
+
+    def master_params(self):
+        return [m for _, m in self._pairs]
+
+    def after_optimizer_step(self):
+        with torch.no_grad():
+            models = [p for p, _ in self._pairs]
+            masters = [m for _, m in self._pairs]
+            if models:
+                torch._foreach_copy_(models, masters)
+
+    def update_scale(self, overflow):
+        if self.loss_scaler is None:
+            return
+        attempted = self.loss_scaler.cur_scale
+        self.loss_scaler.update_scale(overflow)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if overflow and rank == 0:
+            log_overflow(rank, attempted, self.loss_scaler.cur_scale)
+
+    def zero_grad(self, set_to_none=True):
+        for param, master in self._pairs:
+            param.grad = None
+            master.grad = None

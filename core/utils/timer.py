@@ -1,0 +1,101 @@
+"""Wall-clock timers for `wall_clock_breakdown` and the throughput line of `steps_per_print`.
+
+Device work is asynchronous, so a timer synchronizes the accelerator before reading the clock;
+that costs throughput, which is why the engine only times when `wall_clock_breakdown` is on.
+"""
+import time
+
+from deepspeed.accelerator import get_accelerator
+from deepspeed.utils.logging import log_dist
+
+
+class _Timer:
+    def __init__(self, name):
+        self.name = name
+        self.elapsed_s = 0.0
+        self.count = 0
+        self._start = None
+
+    def start(self):
+        assert self._start is None, f"timer '{self.name}' started twice"
+        get_accelerator().synchronize()
+        self._start = time.perf_counter()
+
+    def stop(self):
+        assert self._start is not None, f"timer '{self.name}' stopped before it started"
+        get_accelerator().synchronize()
+        self.elapsed_s += time.perf_counter() - self._start
+        self.count += 1
+        self._start = None
+
+    def mean_ms(self):
+        return 1000.0 * self.elapsed_s / max(1, self.count)
+
+    def reset(self):
+        self.elapsed_s, self.count, self._start = 0.0, 0, None
+
+
+class SynchronizedWallClockTimer:
+    """Named timers; ``timers("forward").start()`` ... ``.stop()``, then ``log(names)``."""
+
+    def __init__(self):
+        self.timers = {}
+
+    def __call__(self, name):
+        if name not in self.timers:
+            self.timers[name] = _Timer(name)
+        return self.timers[name]
+
+    def log(self, names, reset=True, ranks=(0,)):
+        parts = [f"{name}: {self.timers[name].mean_ms():.2f}" for name in names
+                 if name in self.timers and self.timers[name].count]
+        if parts:
+            log_dist("time (ms) | " + " | ".join(parts), ranks=ranks)
+        if reset:
+            for name in names:
+                if name in self.timers:
+                    self.timers[name].reset()
+
+
+class NoopTimer:
+    """Stands in for the timers when `wall_clock_breakdown` is off: no synchronization."""
+
+    class _Noop:
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    _noop = _Noop()
+
+    def __call__(self, name):
+        return self._noop
+
+    def log(self, names, reset=True, ranks=(0,)):
+        pass
+
+
+class ThroughputTimer:
+    """Samples per second between two ``steps_per_print`` reports (host clock, no sync)."""
+
+    def __init__(self, batch_size):
+        self.batch_size = batch_size
+        self._since = time.perf_counter()
+        self._steps = 0
+        self.total_s = 0.0
+        self.total_steps = 0
+
+    def step(self):
+        self._steps += 1
+
+    def report(self):
+        """(current samples/s since the last report, running average samples/s)."""
+        now = time.perf_counter()
+        span = max(now - self._since, 1e-9)
+        current = self._steps * self.batch_size / span
+        self.total_s += span
+        self.total_steps += self._steps
+        self._since, self._steps = now, 0
+        average = self.total_steps * self.batch_size / max(self.total_s, 1e-9)
+        return current, average

@@ -1,0 +1,289 @@
+"""fp16 / bf16 training through the engine on 2 gloo ranks, against plain-PyTorch fp32."""
+import logging
+
+import pytest
+import torch
+
+STEPS, MICRO, WORLD = 4, 2, 2
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def make_data(gas):
+    g = torch.Generator().manual_seed(1)
+    n = STEPS * MICRO * gas * WORLD
+    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+
+
+def fp32_reference(gas, lr=0.05):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    x, y = make_data(gas)
+    batch = MICRO * gas * WORLD
+    for s in range(STEPS):
+        sl = slice(s * batch, (s + 1) * batch)
+        torch.nn.functional.mse_loss(model(x[sl]), y[sl]).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach() for p in model.parameters()]
+
+
+def _train(precision, gas=1, extra=None, poison_steps=(), lr=0.05):
+    import deepspeed
+    from deepspeed import comm as dist
+
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
+              "optimizer": {"type": "SGD", "params": {"lr": lr}}, "steps_per_print": 1}
+    config.update(precision)
+    config.update(extra or {})
+    engine, optimizer, _, _ = deepspeed.initialize(model=make_model(), config=config)
+    dtype = next(engine.module.parameters()).dtype
+    x, y = make_data(gas)
+    rank = dist.get_rank()
+    scales, grad_dtypes, before_after = [], set(), []
+    micro = 0
+    for s in range(STEPS):
+        for m in range(gas):
+            start = s * MICRO * gas * WORLD + rank * MICRO * gas + m * MICRO
+            out = engine(x[start:start + MICRO].to(dtype))
+            loss = torch.nn.functional.mse_loss(out.float(), y[start:start + MICRO])
+            if s in poison_steps and m == gas - 1:
+                loss = loss * float("inf")
+            engine.backward(loss)
+            grad_dtypes |= {p.grad.dtype for p in engine.module.parameters() if p.grad is not None}
+            snapshot = [p.detach().clone() for p in engine.module.parameters()]
+            engine.step()
+            if engine.is_gradient_accumulation_boundary() or m == gas - 1:
+                scales.append(getattr(optimizer, "cur_scale", None))
+                before_after.append(all(torch.equal(a, b) for a, b in
+                                        zip(snapshot, engine.module.parameters())))
+            micro += 1
+    params = [p.detach().float() for p in engine.module.parameters()]
+    masters = None
+    if hasattr(optimizer, "master_params"):
+        masters = [m.detach() for m in optimizer.master_params()]
+    return {"params": params, "dtype": dtype, "scales": scales, "unchanged": before_after,
+            "skipped": engine.skipped_steps, "grad_dtypes": grad_dtypes, "masters": masters}
+
+
+def _max_diff(a, b):
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def test_bf16_trains_close_to_fp32_with_fp32_masters(dist_pool):
+    results = dist_pool.run(_train, args=({"bf16": {"enabled": True}},))
+    reference = fp32_reference(1)
+    for r in results:
+        assert r["dtype"] == torch.bfloat16 and r["skipped"] == 0
+        assert all(m.dtype == torch.float32 for m in r["masters"])
+        assert _max_diff(r["masters"], reference) < 2e-2
+    torch.testing.assert_close(results[0]["masters"], results[1]["masters"], rtol=0, atol=0)
+
+
+def _accumulated_grads(extra, gas=8):
+    """The reduced gradient after `gas` bf16 micro-batches, and the exact (float64) average
+    of the very same per-micro-batch bf16 gradients."""
+    import deepspeed
+    from deepspeed import comm as dist
+
+    engine, optimizer, _, _ = deepspeed.initialize(model=make_model(), config={
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
+        "bf16": {"enabled": True}, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, **extra})
+    params = list(engine.module.parameters())
+    exact = [torch.zeros(p.shape, dtype=torch.float64) for p in params]
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for micro in range(gas):
+        x = torch.randn(MICRO, 8, generator=g).to(torch.bfloat16)
+        loss = engine(x).float().pow(2).mean()
+        for total, grad in zip(exact, torch.autograd.grad(loss / gas, params, retain_graph=True)):
+            total += grad.double()
+        engine.backward(loss)
+        if micro < gas - 1:
+            engine.step()  # counts the micro step; the last one is read before stepping
+    for total in exact:
+        dist.all_reduce(total)
+        total /= dist.get_world_size()
+    grads = optimizer.reduction_grads()
+    return max(float((got.double() - want).abs().max()) for got, want in zip(grads, exact)), \
+        {grad.dtype for grad in grads}
+
+
+def test_bf16_fp32_grad_accumulation_is_closer_to_exact(dist_pool):
+    lossy, lossy_dtypes = dist_pool.run(_accumulated_grads, args=({},))[0]
+    exact, exact_dtypes = dist_pool.run(
+        _accumulated_grads, args=({"data_types": {"grad_accum_dtype": "fp32"}},))[0]
+    assert lossy_dtypes == {torch.bfloat16} and exact_dtypes == {torch.float32}
+    assert exact < 1e-5 < lossy
+
+
+def test_fp16_dynamic_scale_skips_overflow_steps(dist_pool, caplog):
+    fp16 = {"fp16": {"enabled": True, "initial_scale_power": 4, "loss_scale_window": 2,
+                     "hysteresis": 2}}
+    results = dist_pool.run(_train, args=(fp16, 1, None, (1, 2)))
+    for r in results:
+        assert r["dtype"] == torch.float16 and r["skipped"] == 2
+        # step 0 clean, 1 overflow (hysteresis absorbs), 2 overflow (halves), 3 clean
+        assert r["scales"] == [16.0, 16.0, 8.0, 8.0]
+        assert r["unchanged"] == [False, True, True, False]
+
+
+def _overflow_logged():
+    import io
+
+    from deepspeed.utils.logging import logger
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    try:
+        _train({"fp16": {"enabled": True, "initial_scale_power": 3, "hysteresis": 1}},
+               1, None, (0,))
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+def test_fp16_overflow_line_is_logged_on_rank_0_only(dist_pool):
+    rank0, rank1 = dist_pool.run(_overflow_logged)
+    assert "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8.0, reducing to 4.0" in rank0
+    assert "OVERFLOW" not in rank1
+
+
+def test_fp16_static_scale_stays_and_still_skips(dist_pool):
+    results = dist_pool.run(_train, args=({"fp16": {"enabled": True, "loss_scale": 32}},
+                                          1, None, (2,)))
+    for r in results:
+        assert r["scales"] == [32.0] * STEPS and r["skipped"] == 1
+        assert r["unchanged"] == [False, False, True, False]
+
+
+def test_fp16_without_overflow_tracks_fp32(dist_pool):
+    results = dist_pool.run(_train, args=({"fp16": {"enabled": True}}, 2))
+    reference = fp32_reference(2)
+    for r in results:
+        assert r["skipped"] == 0 and _max_diff(r["masters"], reference) < 5e-3
+
+
+def _comm_bytes(extra):
+    import deepspeed
+    from deepspeed import comm as dist
+
+    seen = []
+    observer = seen.append
+    dist.add_comm_observer(observer)
+    try:
+        engine, *_ = deepspeed.initialize(model=make_model(), config={
+            "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, **extra})
+        engine.backward(engine(torch.ones(2, 8, dtype=torch.bfloat16)).float().sum())
+    finally:
+        dist.remove_comm_observer(observer)
+    numel = sum(p.numel() for p in engine.module.parameters())
+    return [r.size_bytes for r in seen if r.op == "all_reduce"], numel
+
+
+def test_communication_data_type_sets_the_reduction_dtype(dist_pool):
+    sizes, numel = dist_pool.run(_comm_bytes, args=({},))[0]
+    assert sizes == [2 * numel]  # bf16 gradients reduced in bf16
+    sizes, numel = dist_pool.run(_comm_bytes, args=({"communication_data_type": "fp32"},))[0]
+    assert sizes == [4 * numel]
+
+
+def test_mixed_precision_state_dict_round_trip():
+    from deepspeed.precision import DynamicLossScaler, MixedPrecisionOptimizer
+
+    model = make_model().to(torch.bfloat16)
+    opt = MixedPrecisionOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                  loss_scaler=DynamicLossScaler(init_scale=8))
+    model(torch.ones(1, 8, dtype=torch.bfloat16)).sum().backward()
+    assert opt.unscale_grads()
+    opt.step()
+    opt.update_scale(True)
+    state = opt.state_dict()
+    other_model = make_model().to(torch.bfloat16)
+    other = MixedPrecisionOptimizer(torch.optim.Adam(other_model.parameters(), lr=0.1),
+                                    loss_scaler=DynamicLossScaler(init_scale=1024))
+    other.load_state_dict(state)
+    assert other.cur_scale == opt.cur_scale
+    for a, b in zip(opt.master_params(), other.master_params()):
+        assert torch.equal(a, b)
+    for a, b in zip(model.parameters(), other_model.parameters()):
+        assert torch.equal(a, b)
+
+
+def _no_sync_keeps_local_grads():
+    import deepspeed
+    from deepspeed import comm as dist
+
+    engine, *_ = deepspeed.initialize(model=make_model(), config={
+        "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    x = torch.full((2, 8), float(dist.get_rank() + 1))
+    with engine.no_sync():
+        engine.backward(engine(x).sum())
+    local = [p.grad.clone() for p in engine.module.parameters()]
+    engine.module.zero_grad()
+    engine.backward(engine(x).sum())
+    reduced = [p.grad.clone() for p in engine.module.parameters()]
+    return local, reduced
+
+
+def test_no_sync_skips_the_reduction(dist_pool):
+    (local0, reduced0), (local1, reduced1) = dist_pool.run(_no_sync_keeps_local_grads)
+    assert not all(torch.equal(a, b) for a, b in zip(local0, local1))
+    for a, b, r0, r1 in zip(local0, local1, reduced0, reduced1):
+        torch.testing.assert_close(r0, (a + b) / 2)
+        assert torch.equal(r0, r1)
+
+
+def _progress_lines(extra):
+    import io
+
+    import deepspeed
+    from deepspeed.utils.logging import logger
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    try:
+        engine, *_ = deepspeed.initialize(model=make_model(), config={
+            "train_micro_batch_size_per_gpu": 2, "steps_per_print": 2,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, **extra})
+        for _ in range(4):
+            engine.backward(engine(torch.ones(2, 8)).sum())
+            engine.step()
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+def test_steps_per_print_and_wall_clock_breakdown(dist_pool):
+    plain = dist_pool.run(_progress_lines, args=({},))[0]
+    assert plain.count("step=") == 2 and "samples/sec=" in plain and "loss=" in plain
+    assert "time (ms)" not in plain
+    timed = dist_pool.run(_progress_lines, args=({"wall_clock_breakdown": True},))[0]
+    assert timed.count("time (ms) | forward:") == 2
+    assert "backward_allreduce:" in timed and "step:" in timed
+
+
+def _amp_without_apex():
+    import deepspeed
+
+    deepspeed.initialize(model=make_model(), config={
+        "train_micro_batch_size_per_gpu": 2, "amp": {"enabled": True, "opt_level": "O1"},
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+
+
+def test_amp_without_apex_is_a_clear_error(dist_pool):
+    pytest.importorskip("torch")
+    try:
+        import apex  # noqa: F401
+        pytest.skip("apex is installed here")
+    except ImportError:
+        pass
+    from deepspeed.testing.distributed import DistributedTestError
+
+    with pytest.raises(DistributedTestError, match="needs NVIDIA apex"):
+        dist_pool.run(_amp_without_apex)
