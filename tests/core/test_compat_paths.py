@@ -7,6 +7,8 @@ PATHS = [
     ("deepspeed.runtime.config", "DeepSpeedConfig", "deepspeed.config"),
     ("deepspeed.runtime.config_utils", "DeepSpeedConfigModel", "deepspeed.config"),
     ("deepspeed.runtime.engine", "DeepSpeedEngine", "deepspeed.engine"),
+    ("deepspeed.runtime.lr_schedules", "WarmupLR", "deepspeed.lr_schedules"),
+    ("deepspeed.runtime.lr_schedules", "VALID_LR_SCHEDULES", "deepspeed.lr_schedules"),
     ("deepspeed.accelerator", "get_accelerator", "deepspeed.accelerator"),
     ("deepspeed.launcher.runner", "main", "deepspeed.launcher.runner"),
 ]
