@@ -106,7 +106,8 @@ class DataTypesConfig(DeepSpeedConfigModel):
 class ActivationCheckpointingConfig(DeepSpeedConfigModel):
     """`activation_checkpointing`: read by `deepspeed.checkpointing.configure`."""
 
-    partition_activations: bool = False
+    # the Megatron tutorial spells it `partition_activation`
+    partition_activations: Annotated[bool, deprecated_alias("partition_activation")] = False
     contiguous_memory_optimization: bool = False
     cpu_checkpointing: bool = False
     number_checkpoints: Optional[int] = Field(None, ge=1)

@@ -9,6 +9,8 @@ PATHS = [
     ("deepspeed.runtime.engine", "DeepSpeedEngine", "deepspeed.engine"),
     ("deepspeed.runtime.lr_schedules", "WarmupLR", "deepspeed.lr_schedules"),
     ("deepspeed.runtime.lr_schedules", "VALID_LR_SCHEDULES", "deepspeed.lr_schedules"),
+    ("deepspeed.runtime.activation_checkpointing.checkpointing", "checkpoint",
+     "deepspeed.checkpointing"),
     ("deepspeed.accelerator", "get_accelerator", "deepspeed.accelerator"),
     ("deepspeed.launcher.runner", "main", "deepspeed.launcher.runner"),
 ]
