@@ -1,41 +1,53 @@
-"""The basic optimizer an engine steps: the client's, or one named in the config.
+"""The basic optimizer an engine steps: the client's, or the one the config's ``optimizer`` names.
 
-Config names are matched case-insensitively, as DeepSpeed does. This module maps the names with
-an exact PyTorch equivalent; DeepSpeed's own optimizers (Lamb, Lion, CPU/fused kernels, 1-bit)
-are added by the training-engine and native-ops work, plugins wrap the result through
-``deepspeed_wrap_optimizer``.
+``optimizer.type`` is compared case-insensitively, as DeepSpeed does:
+
+- ``adam`` / ``adamw``: DeepSpeedCPUAdam where the optimizer runs on the host (ZeRO-Offload, or a
+  CPU-only run), FusedAdam otherwise; ``torch_adam: true`` picks ``torch.optim.Adam``/``AdamW``.
+  ``adam_w_mode`` defaults to True, so ``Adam`` decays weights decoupled (AdamW) unless it is set
+  false; ``adamw`` is always decoupled.
+- ``lamb``: FusedLamb. ``lion``: DeepSpeedCPULion on the host, FusedLion otherwise.
+  ``adagrad``: DeepSpeedCPUAdagrad on the host, ``torch.optim.Adagrad`` otherwise.
+- ``muadam`` / ``muadamw`` / ``musgd``: the ``mup`` package's optimizers.
+- ``onebitadam`` / ``zerooneadam`` / ``onebitlamb``: built by the onebit plugin through the
+  ``deepspeed_build_optimizer`` hook, as is any other name a plugin claims.
+- any other name: the ``torch.optim`` class of that name (``SGD``, ``RMSprop``, ...).
+
+Plugins wrap the result (ZeRO, 1-bit) through ``deepspeed_wrap_optimizer``.
 """
+import inspect
+from typing import Dict, Optional
+
 import torch
 
 from deepspeed.config import DeepSpeedConfigError
+from deepspeed.config.errors import closest_key
+from deepspeed.utils.logging import logger
 
+ADAGRAD_OPTIMIZER = "adagrad"
+ADAM_OPTIMIZER = "adam"
+ADAMW_OPTIMIZER = "adamw"
+LAMB_OPTIMIZER = "lamb"
+ONEBIT_ADAM_OPTIMIZER = "onebitadam"
+ZERO_ONE_ADAM_OPTIMIZER = "zerooneadam"
+ONEBIT_LAMB_OPTIMIZER = "onebitlamb"
+LION_OPTIMIZER = "lion"
+MUADAM_OPTIMIZER = "muadam"
+MUADAMW_OPTIMIZER = "muadamw"
+MUSGD_OPTIMIZER = "musgd"
+DEEPSPEED_OPTIMIZERS = [
+    ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, ONEBIT_ADAM_OPTIMIZER,
+    ZERO_ONE_ADAM_OPTIMIZER, ONEBIT_LAMB_OPTIMIZER, LION_OPTIMIZER, MUADAM_OPTIMIZER,
+    MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER,
+]
+TORCH_ADAM_PARAM = "torch_adam"
+ADAM_W_MODE = "adam_w_mode"
 
-def _adam(params, p):
-    p = dict(p)
-    adam_w_mode = p.pop("adam_w_mode", True)
-    p.pop("torch_adam", None)
-    p.pop("bias_correction", None)
-    cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
-    return cls(params, **p)
-
-
-def _adamw(params, p):
-    p = dict(p)
-    p.pop("torch_adam", None)
-    p.pop("adam_w_mode", None)
-    p.pop("bias_correction", None)
-    return torch.optim.AdamW(params, **p)
-
-
-def _plain(cls):
-    return lambda params, p: cls(params, **p)
-
-
-OPTIMIZER_FACTORIES = {
-    "adam": _adam,
-    "adamw": _adamw,
-    "sgd": _plain(torch.optim.SGD),
-    "adagrad": _plain(torch.optim.Adagrad),
+# types whose implementation ships as a plugin: name -> plugin (package deepspeed.<plugin>)
+PLUGIN_OPTIMIZERS = {
+    ONEBIT_ADAM_OPTIMIZER: "onebit",
+    ZERO_ONE_ADAM_OPTIMIZER: "onebit",
+    ONEBIT_LAMB_OPTIMIZER: "onebit",
 }
 
 
@@ -43,7 +55,7 @@ def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=N
     """Return the optimizer to step, or None for an engine without one (inference).
 
     ``plugin_builder(name=, params=, optimizer_params=)`` asks the enabled plugins for a
-    type the core does not know (the ``deepspeed_build_optimizer`` hook)."""
+    type the core does not build itself (the ``deepspeed_build_optimizer`` hook)."""
     name = config.optimizer_name
     if client_optimizer is not None:
         if name is not None:
@@ -58,17 +70,156 @@ def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=N
                         f"torch.optim.Optimizer nor a callable returning one")
     if name is None:
         return None
-    params = dict(config.optimizer_params or {})
-    if "max_grad_norm" in params:
+    options = _checked_options(config.optimizer_params)
+    model_parameters = [dict(entry, params=_as_list(entry["params"])) if isinstance(entry, dict)
+                        else entry for entry in model_parameters]
+    key = name.lower()
+    factory = _FACTORIES.get(key)
+    if factory is not None:
+        return factory(model_parameters, options, _runs_on_host(config, model_parameters), key)
+    built = plugin_builder(name=name, params=model_parameters, optimizer_params=options) \
+        if plugin_builder is not None else None
+    if built is not None:
+        return built
+    if key in PLUGIN_OPTIMIZERS:
+        plugin = PLUGIN_OPTIMIZERS[key]
+        raise DeepSpeedConfigError(
+            f"optimizer.type: '{name}' is provided by the '{plugin}' plugin (deepspeed.{plugin}), "
+            f"which is not installed or not enabled for this engine")
+    torch_class = _torch_optimizers().get(key)
+    if torch_class is not None:
+        return construct(torch_class, model_parameters, options)
+    known = sorted(set(DEEPSPEED_OPTIMIZERS) | set(_torch_optimizers()))
+    guess = closest_key(key, known)
+    hint = f"; did you mean '{guess}'?" if guess else ""
+    raise DeepSpeedConfigError(
+        f"optimizer.type: '{name}' is not a DeepSpeed optimizer "
+        f"({', '.join(DEEPSPEED_OPTIMIZERS)}), a torch.optim class, nor built by an enabled "
+        f"plugin{hint}")
+
+
+def construct(cls, model_parameters, options: Dict):
+    """``cls(model_parameters, **options)``, with an unknown option reported as the config key
+    it came from instead of a TypeError from deep inside the constructor."""
+    signature = inspect.signature(cls.__init__)
+    accepted = [p.name for p in list(signature.parameters.values())[2:]
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    unknown = [k for k in options if k not in accepted]
+    if unknown and not takes_any:
+        raise DeepSpeedConfigError([f"optimizer.params.{k}: not a parameter of {cls.__name__}; "
+                                    f"allowed: {', '.join(accepted)}" for k in unknown])
+    return cls(model_parameters, **options)
+
+
+# ------------------------------------------------------------------------------ helpers
+def _checked_options(params: Optional[Dict]) -> Dict:
+    options = dict(params or {})
+    if "max_grad_norm" in options:
         raise DeepSpeedConfigError("optimizer.params.max_grad_norm is not supported; use the "
                                    "top-level 'gradient_clipping' key instead")
-    factory = OPTIMIZER_FACTORIES.get(name.lower())
-    if factory is not None:
-        return factory(model_parameters, params)
-    built = plugin_builder(name=name, params=model_parameters, optimizer_params=params) \
-        if plugin_builder is not None else None
-    if built is None:
-        raise DeepSpeedConfigError(
-            f"optimizer.type: '{name}' is not available; the core provides "
-            f"{sorted(OPTIMIZER_FACTORIES)} and no enabled plugin builds '{name}'")
-    return built
+    return options
+
+
+def _runs_on_host(config, model_parameters) -> bool:
+    """True when the optimizer steps on the CPU: ZeRO offloads it there, or the params live
+    there (a CPU-only run, where the DeepSpeed CPU optimizers are the fast path)."""
+    zero = config.raw.get("zero_optimization") if isinstance(config.raw, dict) else None
+    if isinstance(zero, dict):
+        offload = zero.get("offload_optimizer")
+        device = offload.get("device", "none") if isinstance(offload, dict) else "none"
+        if str(device).lower() in ("cpu", "nvme"):
+            return True
+        if zero.get("cpu_offload") is True:  # the pre-0.5 spelling of offload_optimizer: cpu
+            return True
+    tensors = [t for entry in model_parameters
+               for t in (entry["params"] if isinstance(entry, dict) else [entry])]
+    return bool(tensors) and all(t.device.type == "cpu" for t in tensors)
+
+
+def _as_list(params):
+    return [params] if torch.is_tensor(params) else list(params)
+
+
+def _torch_optimizers() -> Dict[str, type]:
+    return {name.lower(): obj for name, obj in vars(torch.optim).items()
+            if isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer)
+            and obj is not torch.optim.Optimizer}
+
+
+def _adam(params, options, on_host, key):
+    torch_adam = options.pop(TORCH_ADAM_PARAM, False)
+    adam_w_mode = options.pop(ADAM_W_MODE, True)
+    if key == ADAMW_OPTIMIZER and not adam_w_mode:
+        logger.warning("optimizer.params.adam_w_mode=false is ignored for type AdamW; "
+                       "use type Adam for L2-regularised Adam")
+    decoupled = key == ADAMW_OPTIMIZER or adam_w_mode
+    if torch_adam:
+        if not options.pop("bias_correction", True):
+            raise DeepSpeedConfigError("optimizer.params.bias_correction=false needs DeepSpeed's "
+                                       "Adam; torch.optim.Adam(W) always corrects the bias "
+                                       "(remove torch_adam)")
+        return construct(torch.optim.AdamW if decoupled else torch.optim.Adam, params, options)
+    if on_host:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return construct(DeepSpeedCPUAdam, params, dict(options, adamw_mode=decoupled))
+    from deepspeed.ops.adam import FusedAdam
+
+    return construct(FusedAdam, params, dict(options, adam_w_mode=decoupled))
+
+
+def _lamb(params, options, on_host, key):
+    from deepspeed.ops.lamb import FusedLamb
+
+    return construct(FusedLamb, params, options)
+
+
+def _lion(params, options, on_host, key):
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+    return construct(DeepSpeedCPULion if on_host else FusedLion, params, options)
+
+
+def _adagrad(params, options, on_host, key):
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+    return construct(DeepSpeedCPUAdagrad if on_host else torch.optim.Adagrad, params, options)
+
+
+def _mup(params, options, on_host, key):
+    try:
+        import mup
+    except ImportError:
+        raise DeepSpeedConfigError(f"optimizer.type '{key}' needs the 'mup' package "
+                                   f"(pip install mup)") from None
+    cls = {MUADAM_OPTIMIZER: "MuAdam", MUADAMW_OPTIMIZER: "MuAdamW", MUSGD_OPTIMIZER: "MuSGD"}[key]
+    return getattr(mup, cls)(params, **options)
+
+
+_FACTORIES = {
+    ADAM_OPTIMIZER: _adam,
+    ADAMW_OPTIMIZER: _adam,
+    LAMB_OPTIMIZER: _lamb,
+    LION_OPTIMIZER: _lion,
+    ADAGRAD_OPTIMIZER: _adagrad,
+    MUADAM_OPTIMIZER: _mup,
+    MUADAMW_OPTIMIZER: _mup,
+    MUSGD_OPTIMIZER: _mup,
+}
+
+
+# ------------------------------------------------------------------------------ ZeRO's list
+def zero_supported_optimizers():
+    """The optimizer classes ZeRO is tested with; anything else needs the config's
+    ``zero_allow_untested_optimizer: true`` (the ZeRO plugin enforces it)."""
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+    return (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, FusedAdam, DeepSpeedCPUAdam,
+            DeepSpeedCPUAdagrad, FusedLion, DeepSpeedCPULion)
+
+
+def is_zero_supported_optimizer(optimizer) -> bool:
+    return type(optimizer) in zero_supported_optimizers()

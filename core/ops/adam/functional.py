@@ -1,0 +1,60 @@
+"""Adam / AdamW over lists of fp32 tensors: the math DeepSpeedCPUAdam and FusedAdam share.
+
+    m = b1*m + (1-b1)*g                    v = b2*v + (1-b2)*g^2
+    L2 (adamw_mode=False), wd > 0:         g = g + wd*p           (before the moments)
+    decoupled (adamw_mode=True), wd > 0:   p = p - lr*wd*p
+    p = p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   (both corrections 1 without
+                                                              bias_correction)
+
+With bias correction (the default) this is exactly torch's fused Adam/AdamW kernel, used where the
+device has one (several times faster than the foreach path on CPU); the foreach path covers
+``bias_correction=False`` and devices without the kernel.
+"""
+import functools
+import math
+
+import torch
+
+from deepspeed.utils.logging import logger
+
+
+@functools.lru_cache(maxsize=None)
+def fused_kernel_available(device_type: str) -> bool:
+    """Whether torch has a fused Adam kernel for this device type (CPU since torch 2.4)."""
+    if not hasattr(torch, "_fused_adamw_"):
+        return False
+    probe = [torch.zeros(1, device=device_type)]
+    try:
+        torch._fused_adamw_(probe, [torch.zeros_like(probe[0])], [torch.zeros_like(probe[0])],
+                            [torch.zeros_like(probe[0])], [], [torch.ones((), device=device_type)],
+                            lr=0.0, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
+                            amsgrad=False, maximize=False)
+    except (RuntimeError, NotImplementedError) as exc:
+        logger.debug(f"no fused Adam kernel for {device_type}, using foreach ops: {exc}")
+        return False
+    return True
+
+
+def adam_update_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr, beta1, beta2, eps,
+                 weight_decay, bias_correction, adamw_mode):
+    """Update ``params``, ``exp_avgs`` and ``exp_avg_sqs`` in place; ``grads`` is not written."""
+    if bias_correction and fused_kernel_available(params[0].device.type):
+        kernel = torch._fused_adamw_ if adamw_mode else torch._fused_adam_
+        steps = [torch.tensor(float(step), device=params[0].device)] * len(params)
+        kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        return
+    if weight_decay and not adamw_mode:
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+    bias1 = 1.0 - beta1 ** step if bias_correction else 1.0
+    bias2 = 1.0 - beta2 ** step if bias_correction else 1.0
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    if bias2 != 1.0:
+        torch._foreach_div_(denom, math.sqrt(bias2))
+    torch._foreach_add_(denom, eps)
+    if weight_decay and adamw_mode:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, value=-lr / bias1)

@@ -1,0 +1,19 @@
+"""Lion (arXiv 2302.06675) over lists of fp32 tensors: the math FusedLion and DeepSpeedCPULion
+share.
+
+    c = sign(b1*m + (1-b1)*g)
+    p = p - lr*wd*p        (decoupled, when wd > 0)
+    p = p - lr*c
+    m = b2*m + (1-b2)*g
+"""
+import torch
+
+
+def lion_update_(params, grads, exp_avgs, *, lr, beta1, beta2, weight_decay):
+    """Update ``params`` and ``exp_avgs`` in place; ``grads`` is not written."""
+    direction = torch._foreach_lerp(exp_avgs, grads, 1.0 - beta1)
+    torch._foreach_sign_(direction)
+    if weight_decay:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    torch._foreach_add_(params, direction, alpha=-lr)
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta2)

@@ -1,0 +1,233 @@
+"""What the DeepSpeed optimizers promise besides their math: state round trips, dtypes, the
+documented errors and the legacy step arguments."""
+import io
+
+import pytest
+import torch
+
+from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+from deepspeed.ops.lamb import FusedLamb
+from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+ALL = [
+    lambda ps: FusedAdam(ps, lr=0.01, weight_decay=0.1),
+    lambda ps: DeepSpeedCPUAdam(ps, lr=0.01, adamw_mode=False, weight_decay=0.1),
+    lambda ps: FusedLamb(ps, lr=0.01, weight_decay=0.01),
+    lambda ps: FusedLion(ps, lr=0.01, weight_decay=0.1),
+    lambda ps: DeepSpeedCPULion(ps, lr=0.01),
+    lambda ps: DeepSpeedCPUAdagrad(ps, lr=0.1, weight_decay=0.1),
+]
+NAMES = ["FusedAdam", "DeepSpeedCPUAdam", "FusedLamb", "FusedLion", "DeepSpeedCPULion",
+         "DeepSpeedCPUAdagrad"]
+
+
+def _params(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(3, 2, generator=g).to(dtype)),
+            torch.nn.Parameter(torch.randn(4, generator=g).to(dtype))]
+
+
+def _steps(opt, params, seed, count):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+        opt.step()
+
+
+@pytest.mark.parametrize("make", ALL, ids=NAMES)
+def test_state_dict_round_trip_continues_identically(make):
+    params = _params()
+    opt = make(params)
+    _steps(opt, params, seed=1, count=3)
+    buffer = io.BytesIO()  # through a checkpoint file: no tensor shared with `opt`
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    clone = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    resumed = make(clone)
+    resumed.load_state_dict(saved)
+    _steps(opt, params, seed=2, count=2)
+    _steps(resumed, clone, seed=2, count=2)
+    for a, b in zip(params, clone):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cls", [DeepSpeedCPUAdam, DeepSpeedCPULion, DeepSpeedCPUAdagrad])
+def test_cpu_optimizers_keep_fp32_states_for_bf16_params_across_load(cls):
+    params = _params(torch.bfloat16)
+    opt = cls(params)
+    _steps(opt, params, seed=1, count=2)
+    states = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    assert states and all(t.dtype == torch.float32 for t in states)
+    assert all(p.dtype == torch.bfloat16 for p in params)
+    resumed = cls([torch.nn.Parameter(p.detach().clone()) for p in params])
+    resumed.load_state_dict(opt.state_dict())
+    for before, after in zip(opt.state.values(), resumed.state.values()):
+        for key, value in before.items():
+            if torch.is_tensor(value):
+                assert after[key].dtype == torch.float32 and torch.equal(after[key], value)
+
+
+def test_cpu_adam_half_precision_states_when_asked():
+    params = _params(torch.bfloat16)
+    opt = DeepSpeedCPUAdam(params, fp32_optimizer_states=False)
+    _steps(opt, params, seed=1, count=1)
+    assert {t.dtype for s in opt.state.values() for k, t in s.items() if k != "step"} == \
+        {torch.bfloat16}
+
+
+def test_fused_adam_half_params_match_fp32_math():
+    """A bf16 step is the fp32 step rounded once (math in fp32, as the kernels do)."""
+    params32 = _params()
+    params16 = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in params32]
+    start = [p.detach().clone() for p in params16]
+    for p in params32:
+        p.data.copy_(p.data.to(torch.bfloat16).float())
+    opt32, opt16 = FusedAdam(params32, lr=0.1), FusedAdam(params16, lr=0.1)
+    for p32, p16 in zip(params32, params16):
+        p16.grad = torch.ones_like(p16)
+        p32.grad = torch.ones_like(p32)
+    opt32.step()
+    opt16.step()
+    for p32, p16, s in zip(params32, params16, start):
+        assert not torch.equal(p16, s)
+        assert torch.equal(p16, p32.detach().to(torch.bfloat16))
+    assert opt16.state[params16[0]]["exp_avg"].dtype == torch.bfloat16
+
+
+def test_cpu_adam_copies_into_fp16_param_groups():
+    params = _params()
+    device_copies = [torch.zeros_like(p, dtype=torch.float16) for p in params]
+    opt = DeepSpeedCPUAdam(params, lr=0.1)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step(fp16_param_groups=device_copies)
+    for p, copy in zip(params, device_copies):
+        assert torch.equal(copy, p.detach().half())
+
+
+def test_cpu_optimizers_refuse_params_off_the_host():
+    param = torch.nn.Parameter(torch.zeros(2, device="meta"))
+    param.grad = torch.zeros(2, device="meta")
+    for cls in (DeepSpeedCPUAdam, DeepSpeedCPULion, DeepSpeedCPUAdagrad):
+        with pytest.raises(AssertionError, match="offload_optimizer"):
+            cls([param]).step()
+
+
+@pytest.mark.parametrize("cls", [FusedAdam, FusedLamb])
+def test_amsgrad_is_refused(cls):
+    with pytest.raises(RuntimeError, match=f"{cls.__name__} does not support the AMSGrad variant"):
+        cls(_params(), amsgrad=True)
+
+
+def test_cpu_optimizers_accept_and_ignore_amsgrad():
+    DeepSpeedCPUAdam(_params(), amsgrad=True)
+    DeepSpeedCPUAdagrad(_params(), amsgrad=True)
+
+
+@pytest.mark.parametrize("arg", ["grads", "output_params", "scale", "grad_norms"])
+def test_fused_adam_refuses_legacy_step_arguments(arg):
+    opt = FusedAdam(_params())
+    with pytest.raises(RuntimeError, match="call step\\(\\) with no arguments"):
+        opt.step(**{arg: [1.0]})
+
+
+@pytest.mark.parametrize("cls", [FusedAdam, FusedLamb, FusedLion, DeepSpeedCPUAdam])
+def test_sparse_gradients_are_refused(cls):
+    emb = torch.nn.Embedding(4, 2, sparse=True)
+    emb(torch.tensor([1])).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse"):
+        cls(emb.parameters()).step()
+
+
+def test_fused_adam_refuses_float64():
+    param = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    param.grad = torch.ones_like(param)
+    with pytest.raises(RuntimeError, match="float64"):
+        FusedAdam([param]).step()
+
+
+@pytest.mark.parametrize("cls", [FusedAdam, FusedLion])
+def test_set_grad_none(cls):
+    params = _params()
+    for set_grad_none, expect_none in ((True, True), (False, False)):
+        opt = cls(params, set_grad_none=set_grad_none)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.zero_grad()
+        if expect_none:
+            assert all(p.grad is None for p in params)
+        else:
+            assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in params)
+
+
+def test_fused_adam_counts_steps_per_group_and_resumes_from_group_step():
+    params = _params()
+    opt = FusedAdam(params, lr=0.1)
+    _steps(opt, params, seed=1, count=2)
+    assert opt.param_groups[0]["step"] == 2
+    fresh = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    regrouped = FusedAdam(fresh, lr=0.1)
+    regrouped.param_groups[0]["step"] = 2  # as ZeRO-3 sets it on its sub-groups
+    for p, q in zip(params, fresh):
+        regrouped.state[q] = {k: v.clone() for k, v in opt.state[p].items()}
+    _steps(opt, params, seed=2, count=1)
+    _steps(regrouped, fresh, seed=2, count=1)
+    for a, b in zip(params, fresh):
+        assert torch.equal(a, b)
+
+
+def test_lamb_legacy_grads_and_output_params():
+    params, twins = _params(), _params()
+    grads = [torch.ones_like(p) for p in params]
+    outputs = [torch.zeros_like(p, dtype=torch.float16) for p in params]
+    FusedLamb(params, lr=0.1).step(grads=grads, output_params=outputs)
+    for p, g in zip(twins, grads):
+        p.grad = g
+    FusedLamb(twins, lr=0.1).step()
+    for p, twin, out in zip(params, twins, outputs):
+        assert torch.equal(p, twin) and torch.equal(out, p.detach().half())
+
+
+def test_invalid_hyperparameters_name_the_argument():
+    with pytest.raises(ValueError, match="lr=-1"):
+        FusedAdam(_params(), lr=-1)
+    with pytest.raises(ValueError, match="beta at index 1"):
+        DeepSpeedCPULion(_params(), betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="min_coeff"):
+        FusedLamb(_params(), min_coeff=2.0, max_coeff=1.0)
+
+
+def test_closure_is_evaluated_with_grad_enabled():
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = FusedAdam([param], lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = (param ** 2).sum()
+        loss.backward()
+        return loss
+
+    with torch.no_grad():
+        loss = opt.step(closure)
+    assert loss.item() == 2.0 and param[0].item() < 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("make", [ALL[0], ALL[2], ALL[3]],
+                         ids=["FusedAdam", "FusedLamb", "FusedLion"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_optimizers_on_gpu_match_the_host(make, dtype):
+    host = _params(dtype)
+    device = [torch.nn.Parameter(p.detach().cuda()) for p in host]
+    opt_host, opt_device = make(host), make(device)
+    _steps(opt_host, host, seed=3, count=3)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        for p in device:
+            p.grad = torch.randn(p.shape, generator=g).to(dtype).cuda()
+        opt_device.step()
+    for a, b in zip(host, device):
+        torch.testing.assert_close(b.detach().cpu(), a.detach())  # dtype-dependent tolerances

@@ -1,0 +1,185 @@
+"""Which optimizer a config's ``optimizer`` section builds, and the errors for bad sections."""
+import importlib.util
+
+import pytest
+import torch
+
+from deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
+from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+from deepspeed.ops.lamb import FusedLamb
+from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+from deepspeed.optimizers import build_optimizer, is_zero_supported_optimizer
+
+
+def config(type_, params=None, **extra):
+    section = {"type": type_, "params": params or {}}
+    return DeepSpeedConfig({"train_batch_size": 1, "optimizer": section, **extra}, world_size=1)
+
+
+class OffloadConfig:
+    """The two things build_optimizer reads, plus the ZeRO section, without needing the ZeRO
+    plugin installed to validate it."""
+
+    def __init__(self, type_, params=None, offload=None):
+        self.optimizer_name, self.optimizer_params = type_, params or {}
+        self.raw = {"optimizer": {"type": type_}, "zero_optimization": {"stage": 2, **offload}}
+
+
+def build(type_, params=None, parameters=None):
+    parameters = parameters if parameters is not None else torch.nn.Linear(2, 2).parameters()
+    return build_optimizer(None, config(type_, params), parameters)
+
+
+def on_device():
+    """Params that do not live on the host (what a GPU run passes), without needing a GPU."""
+    return [torch.nn.Parameter(torch.empty(2, device="meta"))]
+
+
+@pytest.mark.parametrize("type_,params,cls,decoupled", [
+    ("Adam", {}, DeepSpeedCPUAdam, True),
+    ("adam", {"adam_w_mode": False}, DeepSpeedCPUAdam, False),
+    ("ADAMW", {"adam_w_mode": False}, DeepSpeedCPUAdam, True),
+    ("Adam", {"torch_adam": True}, torch.optim.AdamW, None),
+    ("Adam", {"torch_adam": True, "adam_w_mode": False}, torch.optim.Adam, None),
+    ("AdamW", {"torch_adam": True, "adam_w_mode": False}, torch.optim.AdamW, None),
+    ("Lamb", {}, FusedLamb, None),
+    ("Lion", {}, DeepSpeedCPULion, None),
+    ("Adagrad", {}, DeepSpeedCPUAdagrad, None),
+    ("SGD", {"lr": 0.1}, torch.optim.SGD, None),
+    ("sgd", {"lr": 0.1}, torch.optim.SGD, None),
+    ("RMSprop", {}, torch.optim.RMSprop, None),
+])
+def test_config_names_on_the_host(type_, params, cls, decoupled):
+    opt = build(type_, params)
+    assert type(opt) is cls
+    if decoupled is not None:
+        assert opt.adamw_mode is decoupled
+
+
+@pytest.mark.parametrize("type_,params,cls", [
+    ("Adam", {}, FusedAdam), ("AdamW", {}, FusedAdam), ("Lion", {}, FusedLion),
+    ("Adagrad", {}, torch.optim.Adagrad), ("Lamb", {}, FusedLamb),
+])
+def test_config_names_on_a_device(type_, params, cls):
+    assert type(build(type_, params, on_device())) is cls
+
+
+def test_adam_w_mode_reaches_fused_adam():
+    assert build("Adam", {"adam_w_mode": False}, on_device()).adam_w_mode is False
+    assert build("Adam", {}, on_device()).adam_w_mode is True
+
+
+@pytest.mark.parametrize("offload,cls", [
+    ({"offload_optimizer": {"device": "cpu"}}, DeepSpeedCPUAdam),
+    ({"offload_optimizer": {"device": "nvme"}}, DeepSpeedCPUAdam),
+    ({"cpu_offload": True}, DeepSpeedCPUAdam),
+    ({"offload_optimizer": {"device": "none"}}, FusedAdam),
+])
+def test_zero_offload_picks_the_cpu_optimizer(offload, cls):
+    opt = build_optimizer(None, OffloadConfig("Adam", offload=offload), on_device())
+    assert type(opt) is cls
+
+
+def test_hyperparameters_reach_the_optimizer():
+    opt = build("Adam", {"lr": 0.05, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.1,
+                         "bias_correction": False})
+    group = opt.param_groups[0]
+    assert (group["lr"], tuple(group["betas"]), group["eps"], group["weight_decay"],
+            group["bias_correction"]) == (0.05, (0.8, 0.9), 1e-6, 0.1, False)
+
+
+def test_param_groups_from_a_generator_survive():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    groups = [{"params": model[0].parameters(), "lr": 0.5}, {"params": model[1].parameters()}]
+    opt = build("Adam", {"lr": 0.1}, groups)
+    assert [len(g["params"]) for g in opt.param_groups] == [2, 2]
+    assert [g["lr"] for g in opt.param_groups] == [0.5, 0.1]
+
+
+def test_client_optimizer_and_callable():
+    model = torch.nn.Linear(2, 1)
+    no_section = DeepSpeedConfig({"train_batch_size": 1}, world_size=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert build_optimizer(opt, no_section, list(model.parameters())) is opt
+    seen = []
+    built = build_optimizer(lambda ps: seen.append(ps) or torch.optim.SGD(ps, lr=0.1),
+                            no_section, list(model.parameters()))
+    assert isinstance(built, torch.optim.SGD) and len(seen[0]) == 2
+    assert build_optimizer(None, no_section, model.parameters()) is None
+
+
+def test_client_optimizer_errors():
+    model = torch.nn.Linear(2, 1)
+    no_section = DeepSpeedConfig({"train_batch_size": 1}, world_size=1)
+    with pytest.raises(TypeError, match="str is not a subclass of torch.optim.Optimizer"):
+        build_optimizer("adam", no_section, list(model.parameters()))
+    with pytest.raises(DeepSpeedConfigError, match="keep only one"):
+        build_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), config("Adam"),
+                        list(model.parameters()))
+
+
+def test_max_grad_norm_points_at_gradient_clipping():
+    with pytest.raises(ValueError, match="gradient_clipping"):
+        build("Adam", {"max_grad_norm": 1.0})
+
+
+def test_unknown_option_names_the_key_and_the_allowed_ones():
+    with pytest.raises(DeepSpeedConfigError, match=r"optimizer.params.momentum: not a parameter "
+                                                   r"of DeepSpeedCPUAdam; allowed: lr, "):
+        build("Adam", {"momentum": 0.9})
+
+
+def test_torch_adam_cannot_skip_bias_correction():
+    with pytest.raises(DeepSpeedConfigError, match="bias_correction"):
+        build("Adam", {"torch_adam": True, "bias_correction": False})
+
+
+def test_unknown_type_suggests_the_closest_name():
+    with pytest.raises(DeepSpeedConfigError, match="'Lambb'.*did you mean 'lamb'"):
+        build("Lambb")
+
+
+@pytest.mark.parametrize("type_", ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"])
+def test_onebit_types_name_their_plugin(type_):
+    with pytest.raises(DeepSpeedConfigError, match="provided by the 'onebit' plugin"):
+        build(type_)
+    calls = []
+    with pytest.raises(DeepSpeedConfigError, match="onebit"):
+        build_optimizer(None, config(type_), [], plugin_builder=lambda **kw: calls.append(kw))
+    assert calls and calls[0]["name"] == type_
+
+
+def test_plugin_builder_builds_types_the_core_does_not_know():
+    model = torch.nn.Linear(2, 1)
+    made = torch.optim.SGD(model.parameters(), lr=0.3)
+    seen = {}
+
+    def plugin_builder(name, params, optimizer_params):
+        seen.update(name=name, params=params, optimizer_params=optimizer_params)
+        return made if name == "OneBitAdam" else None
+
+    got = build_optimizer(None, config("OneBitAdam", {"lr": 0.3, "freeze_step": 2}),
+                          model.parameters(), plugin_builder=plugin_builder)
+    assert got is made
+    assert seen["optimizer_params"] == {"lr": 0.3, "freeze_step": 2}
+    assert len(seen["params"]) == 2
+    # the core's own names never reach the plugin
+    seen.clear()
+    build_optimizer(None, config("Adam"), model.parameters(), plugin_builder=plugin_builder)
+    assert not seen
+
+
+def test_mup_types_need_the_mup_package():
+    if importlib.util.find_spec("mup") is None:
+        with pytest.raises(DeepSpeedConfigError, match="needs the 'mup' package"):
+            build("MuAdam")
+    else:
+        assert type(build("MuAdam")).__name__ == "MuAdam"
+
+
+def test_zero_supported_list():
+    params = torch.nn.Linear(2, 1).parameters()
+    assert is_zero_supported_optimizer(DeepSpeedCPUAdam(params))
+    assert not is_zero_supported_optimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(),
+                                                           lr=0.1))
