@@ -125,3 +125,70 @@ def deepspeed_comm_op(record):
     ``deepspeed.comm`` when an enabled plugin implements this hook, so communication is not
     timed otherwise.
     """
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints (see ``deepspeed.checkpoint``)
+# ---------------------------------------------------------------------------------------------
+@hookspec(firstresult=True)
+def deepspeed_save_optimizer_state(engine, checkpoint_dir, tag):
+    """Save the optimizer state yourself instead of the core (first result wins).
+
+    Called on every rank by ``save_checkpoint`` while the checkpoint is written (``latest`` not
+    yet updated). Return True when the plugin wrote the optimizer state (e.g. ZeRO's per-rank
+    ``*_optim_states.pt`` shards, written with ``deepspeed.checkpoint.atomic_torch_save``); the
+    core then stores ``optimizer: None`` in the model-states file. Return None to let the core
+    store ``engine.optimizer.state_dict()`` there.
+    """
+
+
+@hookspec
+def deepspeed_save_checkpoint(engine, save_dir, tag, checkpoint_dir, state,
+                              exclude_frozen_parameters):
+    """Add plugin state to a checkpoint being saved.
+
+    Called on every rank by ``save_checkpoint`` after the optimizer hook and before any file is
+    written. ``state`` is the dict that data-parallel rank 0 writes to
+    ``checkpoint_dir/mp_rank_XX_model_states.pt`` (``checkpoint_dir`` is ``save_dir/tag``): add
+    your entries to it (tensors and plain values only: the file is loaded with
+    ``weights_only=True``; keys must not clash with the user's ``client_state``), or write
+    per-rank files into ``checkpoint_dir`` with ``deepspeed.checkpoint.atomic_torch_save``. An
+    exception on any rank fails the save on all ranks and leaves ``latest`` unchanged.
+    Return value ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def deepspeed_load_optimizer_state(engine, checkpoint_dir, tag, state):
+    """Restore the optimizer state yourself instead of the core (first result wins).
+
+    Called on every rank by ``load_checkpoint`` when optimizer states are to be loaded (not with
+    ``load_optimizer_states=False`` or ``load_module_only=True``). ``state`` is the loaded
+    model-states dict. Return True when the plugin restored the optimizer (from its own files in
+    ``checkpoint_dir``); None lets the core call ``engine.optimizer.load_state_dict``.
+    """
+
+
+@hookspec
+def deepspeed_load_checkpoint(engine, load_dir, tag, checkpoint_dir, state,
+                              load_optimizer_states, load_lr_scheduler_states, load_module_only):
+    """Restore plugin state from a checkpoint.
+
+    Called on every rank at the end of ``load_checkpoint``, after the core restored the module
+    and (unless ``load_module_only``) the optimizer, scheduler, counters and RNG. ``state`` is the
+    loaded model-states dict (read your entries from it); the flags are the caller's. Return
+    value ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def deepspeed_save_16bit_model(engine, save_dir, save_filename, exclude_frozen_parameters):
+    """Save the 16-bit weights yourself (first result wins), for plugins whose module holds
+    only shards (ZeRO-3).
+
+    Called on every rank by ``save_16bit_model``. Return True when the plugin wrote
+    ``save_dir/save_filename`` (gathered, full shapes, with
+    ``deepspeed.checkpoint.atomic_torch_save``), False when it decided not to save (e.g.
+    ``stage3_gather_16bit_weights_on_model_save`` is off); None lets the core save
+    ``engine.module.state_dict()`` from global rank 0.
+    """

@@ -129,6 +129,13 @@ class MixedPrecisionOptimizer:
             self.loss_scaler.load_state_dict(state_dict["loss_scaler"])
         self.overflow = bool(state_dict.get("overflow", False))
 
+    def refresh_fp32_params(self):
+        """Re-derive the masters from the model after its 16-bit weights were loaded alone
+        (``load_module_only`` / no optimizer states), so the next step does not undo the load."""
+        with torch.no_grad():
+            for param, master in self._pairs:
+                master.copy_(param.float())
+
     # ---- the precision protocol the engine drives
     def scale_loss(self, loss):
         # in fp32: a 16-bit loss times 2**16 would overflow before backward even starts

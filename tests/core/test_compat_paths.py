@@ -11,6 +11,7 @@ PATHS = [
     ("deepspeed.runtime.lr_schedules", "VALID_LR_SCHEDULES", "deepspeed.lr_schedules"),
     ("deepspeed.runtime.activation_checkpointing.checkpointing", "checkpoint",
      "deepspeed.checkpointing"),
+    ("deepspeed.checkpoint.utils", "clone_tensors_for_torch_save", "deepspeed.checkpoint.utils"),
     ("deepspeed.accelerator", "get_accelerator", "deepspeed.accelerator"),
     ("deepspeed.launcher.runner", "main", "deepspeed.launcher.runner"),
 ]

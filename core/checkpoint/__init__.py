@@ -1,0 +1,38 @@
+"""``deepspeed.checkpoint``: the engine's checkpoints, written crash-safely and read safely.
+
+    save_checkpoint(engine, save_dir, tag=None, client_state={}, save_latest=True,
+                    exclude_frozen_parameters=False)                       -> True
+    load_checkpoint(engine, load_dir, tag=None, load_module_strict=True,
+                    load_optimizer_states=True, load_lr_scheduler_states=True,
+                    load_module_only=False, custom_load_fn=None)           -> (path, client_state)
+    save_16bit_model(engine, save_dir, save_filename="pytorch_model.bin",
+                     exclude_frozen_parameters=False)                      -> bool
+
+``DeepSpeedEngine.save_checkpoint`` / ``load_checkpoint`` / ``save_16bit_model`` delegate here.
+The on-disk layout is described in ``deepspeed.checkpoint.layout``; the guarantees are:
+
+- every file is written under a temporary name and atomically renamed, and ``latest`` moves to
+  a new tag only after every rank finished writing, so an interrupted save never damages the
+  checkpoint ``latest`` names;
+- every file loads with ``torch.load(weights_only=True)`` (checked before writing), so loading
+  a checkpoint never runs code;
+- plugins add their own state through the checkpoint hooks in ``deepspeed.hooks``, using
+  ``atomic_torch_save`` for their own files.
+"""
+from deepspeed.checkpoint.atomic import (CheckpointFormatError, atomic_torch_save,
+                                         atomic_write_text, ensure_weights_only_loadable,
+                                         load_file)
+from deepspeed.checkpoint.collective import CheckpointTagMismatchError, CheckpointWriteError
+from deepspeed.checkpoint.layout import (LATEST_FILENAME, default_tag, list_tags,
+                                         model_states_filename, read_latest,
+                                         rng_state_filename)
+from deepspeed.checkpoint.load import load_checkpoint
+from deepspeed.checkpoint.save import save_16bit_model, save_checkpoint
+
+__all__ = [
+    "save_checkpoint", "load_checkpoint", "save_16bit_model",
+    "atomic_torch_save", "atomic_write_text", "ensure_weights_only_loadable", "load_file",
+    "CheckpointFormatError", "CheckpointTagMismatchError", "CheckpointWriteError",
+    "LATEST_FILENAME", "default_tag", "list_tags", "model_states_filename", "read_latest",
+    "rng_state_filename",
+]
