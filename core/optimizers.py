@@ -73,7 +73,7 @@ def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=N
     options = _checked_options(config.optimizer_params)
     model_parameters = [dict(entry, params=_as_list(entry["params"])) if isinstance(entry, dict)
                         else entry for entry in model_parameters]
-    key = name.lower()
+    key = CONFIG_ALIASES.get(name.lower(), name.lower())
     factory = _FACTORIES.get(key)
     if factory is not None:
         return factory(model_parameters, options, _runs_on_host(config, model_parameters), key)
@@ -197,7 +197,22 @@ def _mup(params, options, on_host, key):
     return getattr(mup, cls)(params, **options)
 
 
+def _cpu_adam(params, options, on_host, key):
+    return _adam(params, options, True, ADAM_OPTIMIZER)
+
+
+def _fused_adam(params, options, on_host, key):
+    return _adam(params, options, False, ADAM_OPTIMIZER)
+
+
+# DeepSpeed's class names written as config types ("type": "FusedAdam" / "CPUAdam")
+CONFIG_ALIASES = {"fusedlamb": LAMB_OPTIMIZER,
+                  "fusedlion": LION_OPTIMIZER, "cpuadam": "cpuadam",
+                  "deepspeedcpuadam": "cpuadam"}
+
 _FACTORIES = {
+    "cpuadam": _cpu_adam,
+    "fusedadam": _fused_adam,
     ADAM_OPTIMIZER: _adam,
     ADAMW_OPTIMIZER: _adam,
     LAMB_OPTIMIZER: _lamb,

@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-STEPS, GAS, MICRO, WORLD = 3, 2, 2, 2
+STEPS, MICRO, WORLD = 3, 2, 2
+GAS = 2
 GLOBAL = MICRO * GAS * WORLD
 
 
@@ -15,17 +16,19 @@ def make_model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
-def make_data():
+def make_data(gas=GAS):
     g = torch.Generator().manual_seed(1)
-    return torch.randn(STEPS * GLOBAL, 8, generator=g), torch.randn(STEPS * GLOBAL, 4, generator=g)
+    n = STEPS * MICRO * gas * WORLD
+    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
 
 
-def reference_params():
+def reference_params(gas):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = make_data()
+    x, y = make_data(gas)
+    size = MICRO * gas * WORLD
     for s in range(STEPS):
-        batch = slice(s * GLOBAL, (s + 1) * GLOBAL)
+        batch = slice(s * size, (s + 1) * size)
         torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         opt.step()
@@ -33,40 +36,42 @@ def reference_params():
     return [p.detach() for p in model.parameters()]
 
 
-def _train_data_parallel():
+def _train_data_parallel(gas):
     import deepspeed
     from deepspeed import comm as dist
 
     engine, opt, loader, sched = deepspeed.initialize(model=make_model(), config={
-        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
         "gradient_clipping": 0.5, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
     assert loader is None and sched is None and opt is engine.optimizer
-    assert engine.train_batch_size() == GLOBAL
-    x, y = make_data()
+    size = MICRO * gas * WORLD
+    assert engine.train_batch_size() == size
+    x, y = make_data(gas)
     rank = dist.get_rank()
     boundaries, losses = [], []
     for s in range(STEPS):
-        for m in range(GAS):
-            start = s * GLOBAL + rank * MICRO * GAS + m * MICRO
+        for m in range(gas):
+            start = s * size + rank * MICRO * gas + m * MICRO
             boundaries.append(engine.is_gradient_accumulation_boundary())
             out = engine(x[start:start + MICRO])
             loss = torch.nn.functional.mse_loss(out, y[start:start + MICRO])
             losses.append((loss.item(), engine.backward(loss).item()))
             engine.step()
-    assert engine.global_steps == STEPS and engine.micro_steps == STEPS * GAS
-    assert engine.global_samples == STEPS * GLOBAL
+    assert engine.global_steps == STEPS and engine.micro_steps == STEPS * gas
+    assert engine.global_samples == STEPS * size
     return [p.detach() for p in engine.module.parameters()], boundaries, losses
 
 
-def test_data_parallel_matches_single_process_reference(dist_pool):
-    results = dist_pool.run(_train_data_parallel)
-    expected = reference_params()
+@pytest.mark.parametrize("gas", [1, 4])
+def test_data_parallel_matches_single_process_reference(dist_pool, gas):
+    results = dist_pool.run(_train_data_parallel, args=(gas,))
+    expected = reference_params(gas)
     for params, boundaries, losses in results:
         for got, want in zip(params, expected):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-        assert boundaries == [False, True] * STEPS
+        assert boundaries == ([False] * (gas - 1) + [True]) * STEPS
         for raw, scaled in losses:
-            assert scaled == pytest.approx(raw / GAS)
+            assert scaled == pytest.approx(raw / gas)
 
 
 def _initialize_from(source_kind, tmp_dir):

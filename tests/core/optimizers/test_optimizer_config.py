@@ -183,3 +183,17 @@ def test_zero_supported_list():
     assert is_zero_supported_optimizer(DeepSpeedCPUAdam(params))
     assert not is_zero_supported_optimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(),
                                                            lr=0.1))
+
+
+@pytest.mark.parametrize("name, expected", [("FusedAdam", "FusedAdam"), ("CPUAdam", "DeepSpeedCPUAdam"),
+                                            ("DeepSpeedCPUAdam", "DeepSpeedCPUAdam"),
+                                            ("FusedLamb", "FusedLamb")])
+def test_deepspeed_class_names_as_config_types(name, expected):
+    from deepspeed.config import DeepSpeedConfig
+    from deepspeed.optimizers import build_optimizer
+
+    config = DeepSpeedConfig({"train_batch_size": 1, "optimizer": {"type": name,
+                                                                   "params": {"lr": 0.1}}},
+                             world_size=1)
+    opt = build_optimizer(None, config, [torch.nn.Parameter(torch.ones(2))])
+    assert type(opt).__name__ == expected
