@@ -234,7 +234,7 @@ class DeepSpeedEngine(torch.nn.Module):
             self.hook.deepspeed_before_step(engine=self)
             finite = self.precision.unscale_grads()  # False: fp16 overflow, skip this step
             if finite:
-                self._global_grad_norm = self._clip_gradients(self.precision.master_params())
+                self._clip_gradients(self.precision.master_params())
                 self.basic_optimizer.step()
                 self.precision.after_optimizer_step()
                 if self.lr_scheduler is not None:
@@ -254,14 +254,12 @@ class DeepSpeedEngine(torch.nn.Module):
             self._report_progress()
 
     def _clip_gradients(self, params):
-        """Clip to ``gradient_clipping`` (0 = off) and return the global gradient norm."""
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return 0.0
+        """Clip to ``gradient_clipping`` (0 = off), recording the global norm it measured.
+        Without clipping no norm is computed (a full pass over the gradients every step), and
+        ``get_global_grad_norm()`` is None, as in DeepSpeed."""
         clip = self.config.gradient_clipping
-        if clip and clip > 0:
-            return float(torch.nn.utils.clip_grad_norm_(params, clip))
-        return float(torch.nn.utils.get_total_norm(grads))
+        if clip and clip > 0 and params:
+            self._global_grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
 
     def _report_progress(self):
         every = self.config.steps_per_print

@@ -184,3 +184,23 @@ def _custom_accelerator_used():
 def test_set_accelerator_takes_effect_in_initialize(dist_pool):
     for asked, device in dist_pool.run(_custom_accelerator_used):
         assert asked >= 1 and device == "cpu"
+
+
+def _grad_norm(clip):
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    engine, *_ = deepspeed.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 1, "gradient_clipping": clip,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.0}}})
+    engine.backward(engine(torch.full((1, 4), 100.0)).sum())
+    grads = [p.grad.clone() for p in engine.module.parameters()]
+    engine.step()
+    return engine.get_global_grad_norm(), float(torch.nn.utils.get_total_norm(grads))
+
+
+def test_global_grad_norm_is_measured_when_clipping(dist_pool):
+    norm, expected = dist_pool.run(_grad_norm, args=(1.0,))[0]
+    assert norm == pytest.approx(expected) and expected > 1.0
+    assert dist_pool.run(_grad_norm, args=(0.0,))[0][0] is None
