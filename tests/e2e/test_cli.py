@@ -41,7 +41,7 @@ def read_reports(folder, n):
 
 def test_readme_demo_trains_on_two_processes():
     out = run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
-               "examples/train_demo.py"])
+               "examples/train_demo.py", "--steps", "100"])
     assert "world size        : 2 (backend gloo)" in out
     assert "replicas identical: True" in out
 
