@@ -204,3 +204,21 @@ def test_global_grad_norm_is_measured_when_clipping(dist_pool):
     norm, expected = dist_pool.run(_grad_norm, args=(1.0,))[0]
     assert norm == pytest.approx(expected) and expected > 1.0
     assert dist_pool.run(_grad_norm, args=(0.0,))[0][0] is None
+
+
+def _activation_checkpointing_configured():
+    import deepspeed
+    from deepspeed import checkpointing
+
+    checkpointing.reset()
+    try:
+        deepspeed.initialize(model=torch.nn.Linear(2, 1), config={
+            "train_micro_batch_size_per_gpu": 1,
+            "activation_checkpointing": {"partition_activations": False, "profile": True}})
+        return checkpointing.is_configured()
+    finally:
+        checkpointing.reset()
+
+
+def test_activation_checkpointing_section_configures_deepspeed_checkpointing(dist_pool):
+    assert dist_pool.run(_activation_checkpointing_configured) == [True, True]
