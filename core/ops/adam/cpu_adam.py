@@ -6,7 +6,7 @@ same call. The math is ``deepspeed.ops.adam.functional.adam_update_``.
 """
 import torch
 
-from deepspeed.ops.adam.functional import adam_update_
+from deepspeed.ops.adam.functional import adam_step_
 from deepspeed.ops.adam.multi_tensor_apply import (CPUOptimizerMixin, MultiTensorOptimizer,
                                                    check_hyperparameters)
 
@@ -30,13 +30,6 @@ class DeepSpeedCPUAdam(CPUOptimizerMixin, MultiTensorOptimizer):
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
         loss = self.run_closure(closure)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for bucket in self.buckets(group):
-                self.apply_fp32(bucket, lambda b: adam_update_(
-                    b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"], step=b.step,
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
-                    adamw_mode=self.adamw_mode))
+        adam_step_(self, self.adamw_mode)
         self.copy_to_fp16_groups(fp16_param_groups)
         return loss

@@ -58,3 +58,16 @@ def adam_update_(params, grads, exp_avgs, exp_avg_sqs, *, step, lr, beta1, beta2
     if weight_decay and adamw_mode:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
     torch._foreach_addcdiv_(params, exp_avgs, denom, value=-lr / bias1)
+
+
+def adam_step_(optimizer, adamw_mode):
+    """One Adam step over every param group of a ``MultiTensorOptimizer`` (FusedAdam and
+    DeepSpeedCPUAdam differ only in their step() signatures, not in this loop)."""
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        for bucket in optimizer.buckets(group):
+            optimizer.apply_fp32(bucket, lambda b: adam_update_(
+                b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"], step=b.step,
+                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
+                adamw_mode=adamw_mode))

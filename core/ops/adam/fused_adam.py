@@ -6,7 +6,7 @@ operation; fp16/bf16 params keep fp16/bf16 moments and are computed in fp32.
 """
 import torch
 
-from deepspeed.ops.adam.functional import adam_update_
+from deepspeed.ops.adam.functional import adam_step_
 from deepspeed.ops.adam.multi_tensor_apply import MultiTensorOptimizer, check_hyperparameters
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms", "grad_scaler")
@@ -42,12 +42,5 @@ class FusedAdam(MultiTensorOptimizer):
             raise RuntimeError("FusedAdam has been updated. Simply initialize it identically to "
                                "torch.optim.Adam, and call step() with no arguments.")
         loss = self.run_closure(closure)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for bucket in self.buckets(group):
-                self.apply_fp32(bucket, lambda b: adam_update_(
-                    b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"], step=b.step,
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
-                    adamw_mode=self.adam_w_mode))
+        adam_step_(self, self.adam_w_mode)
         return loss

@@ -4,7 +4,7 @@ import torch
 
 from deepspeed.ops.adam.multi_tensor_apply import (CPUOptimizerMixin, MultiTensorOptimizer,
                                                    check_hyperparameters)
-from deepspeed.ops.lion.functional import lion_update_
+from deepspeed.ops.lion.functional import lion_step_
 
 
 class DeepSpeedCPULion(CPUOptimizerMixin, MultiTensorOptimizer):
@@ -19,11 +19,6 @@ class DeepSpeedCPULion(CPUOptimizerMixin, MultiTensorOptimizer):
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
         loss = self.run_closure(closure)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for bucket in self.buckets(group):
-                self.apply_fp32(bucket, lambda b: lion_update_(
-                    b.params, b.grads, b.states["exp_avg"], lr=group["lr"], beta1=beta1,
-                    beta2=beta2, weight_decay=group["weight_decay"]))
+        lion_step_(self)
         self.copy_to_fp16_groups(fp16_param_groups)
         return loss
