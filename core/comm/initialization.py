@@ -5,6 +5,7 @@ Safe to call any number of times: once a default group exists (created here or b
 """
 import atexit
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -15,6 +16,7 @@ from deepspeed.utils.logging import logger
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_PORT = 29500
+BACKEND_SETTLE_S = 0.05  # see _destroy_own_group_at_exit
 NOT_INITIALIZED_MESSAGE = ("Distributed backend is not initialized. Please set dist_init_required "
                            "to True or initialize before calling deepspeed.initialize()")
 
@@ -126,14 +128,21 @@ _exit_hook_registered = False
 
 
 def _destroy_own_group_at_exit():
-    """Tear down the group this module created before the interpreter's C++ globals go.
+    """Tear down the group this module created before the interpreter finalizes.
 
-    Left alive, gloo's worker threads are still joinable when static destructors run at exit,
-    and the process dies with SIGABRT ("terminate called without an active exception") after
-    the user's script has finished: seen in ~1 of 5 two-rank runs on a loaded 2-core machine.
+    Seen here (torch 2.13, gloo): ~1 in 25 two-rank runs died with SIGABRT ("terminate called
+    without an active exception") after the script finished. The core dump shows a gloo worker
+    thread (`ProcessGroupGloo::runLoop`) destroying its last completed `AsyncAllreduceWork`,
+    whose tensors need the GIL to drop their Python objects, while the main thread was already
+    in `Py_FinalizeEx`: the thread is cancelled inside a noexcept destructor. Destroying the
+    group does not stop those threads once `torch._dynamo` has been imported (any
+    `torch.optim` optimizer imports it and something in it keeps the group alive), so the
+    main thread also sleeps briefly with the GIL released: a worker still releasing its last
+    work gets the GIL and finishes before finalization begins.
     A group the caller created is the caller's to destroy.
     """
     if dist.is_initialized() and state.origin() == "deepspeed.comm":
         from deepspeed.comm.groups import destroy_process_group
 
+        time.sleep(BACKEND_SETTLE_S)
         destroy_process_group()
