@@ -4,7 +4,10 @@ pyproject.toml holds the static metadata; this file exists because the package l
 from the folder layout (every `plugins/<name>/` becomes `deepspeed.<name>`), which a static
 table cannot express without being edited for each new plugin.
 """
+import importlib.util
 import os
+import sys
+import types
 
 from setuptools import setup
 
@@ -44,9 +47,75 @@ def package_map():
     return mapping
 
 
+# The native sources ship inside the wheel as deepspeed/ops/csrc so JIT builds work from a wheel
+# (op_builder/builder.py finds them two levels up from itself in both layouts).
+CSRC_PACKAGE = "deepspeed.ops.csrc"
+CSRC_PATTERNS = ["*.md", "**/*.cpp", "**/*.h", "**/*.hpp", "**/*.cu", "**/*.cuh"]
+
+
+def _import_op_builders():
+    """Import `deepspeed.ops.op_builder` from this source tree without importing `deepspeed`.
+
+    The package is not installed yet (or an older copy is), and its top-level __init__ needs the
+    runtime dependencies; the builders need only their own package and `deepspeed.utils`.
+    """
+    stubs = {"deepspeed": os.path.join(ROOT, "core"), "deepspeed.ops": os.path.join(ROOT, "core", "ops")}
+    saved = {k: v for k, v in sys.modules.items() if k == "deepspeed" or k.startswith("deepspeed.")}
+    for key in saved:
+        del sys.modules[key]
+    for name, path in stubs.items():
+        stub = types.ModuleType(name)
+        stub.__path__ = [path]
+        sys.modules[name] = stub
+    spec = importlib.util.spec_from_file_location(
+        "deepspeed.ops.op_builder", os.path.join(ROOT, "op_builder", "__init__.py"),
+        submodule_search_locations=[os.path.join(ROOT, "op_builder")])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = package
+    spec.loader.exec_module(package)
+    return package, saved
+
+
+def native_extensions():
+    """(ext_modules, cmdclass) for DS_BUILD_* ahead-of-time builds; empty without any switch."""
+    sys.path.insert(0, os.path.join(ROOT, "op_builder"))
+    try:
+        import aot  # op_builder/aot.py: plain Python, no torch
+    finally:
+        sys.path.pop(0)
+    if not aot.any_build_requested(os.environ):
+        return [], {}
+    try:
+        import torch  # noqa: F401  (only now: a JIT-mode install must not need torch to build)
+    except ImportError as err:
+        raise RuntimeError("DS_BUILD_* ahead-of-time op builds need torch in the build environment: "
+                           "install torch first, then `pip install --no-build-isolation .`") from err
+    package, saved = _import_op_builders()
+    try:
+        classes = [getattr(package, name) for name in package.BUILDER_MODULES]
+        selected, skipped = aot.select_ops(classes, os.environ)
+        extensions = [builder.builder() for builder in selected]
+    finally:
+        for key in [k for k in sys.modules if k == "deepspeed" or k.startswith("deepspeed.")]:
+            del sys.modules[key]
+        sys.modules.update(saved)
+    for name, reason in skipped:
+        print(f"[deepspeed] not pre-building op '{name}' (will JIT-load if possible): {reason}")
+    print(f"[deepspeed] pre-building ops: {', '.join(b.NAME for b in selected) or 'none'}")
+    from torch.utils.cpp_extension import BuildExtension
+
+    return extensions, {"build_ext": BuildExtension}
+
+
 PACKAGE_DIR = package_map()
+if os.path.isdir(os.path.join(ROOT, "csrc")):
+    PACKAGE_DIR[CSRC_PACKAGE] = "csrc"
+EXT_MODULES, CMDCLASS = native_extensions()
 
 setup(
     packages=sorted(PACKAGE_DIR),
     package_dir=PACKAGE_DIR,
+    package_data={CSRC_PACKAGE: CSRC_PATTERNS},
+    ext_modules=EXT_MODULES,
+    cmdclass=CMDCLASS,
 )

@@ -23,25 +23,50 @@ def _dots(label, value, width=WIDTH):
 
 
 def _op_rows(warnings):
+    """(name, installed, compatible, reason, provider) per registered op builder."""
     from deepspeed.accelerator import get_accelerator, installed_op_builders
 
     rows = []
-    for class_name in installed_op_builders():
-        builder = get_accelerator().create_op_builder(class_name)
+    for class_name, target in installed_op_builders().items():
+        try:
+            builder = get_accelerator().create_op_builder(class_name)
+        except Exception as exc:  # one broken builder module must not hide the other ops
+            warnings.append(f"op builder '{class_name}' ({target}) could not be created: {exc}")
+            rows.append((class_name, NO, FAIL, f"cannot be loaded: {exc}", target))
+            continue
         if builder is None:
             warnings.append(f"op builder '{class_name}' is registered but the accelerator "
                             f"'{get_accelerator()._name}' cannot create it")
             continue
         name = getattr(builder, "NAME", class_name)
+        provider = f"{type(builder).__module__}:{type(builder).__qualname__}"
         installed = getattr(builder, "is_installed", None)
         installed = YES if callable(installed) and installed() else NO
+        reason = ""
         try:
             compatible = GREEN_OKAY if builder.is_compatible(verbose=False) else NO
+            if compatible == NO:
+                reason = getattr(builder, "incompatible_reason", "") or "no reason given"
         except Exception as exc:  # a broken third-party builder must not hide the rest
             compatible = FAIL
+            reason = f"is_compatible() raised {exc!r}"
             warnings.append(f"op builder '{name}' raised during is_compatible(): {exc!r}")
-        rows.append((name, installed, compatible))
+        rows.append((name, installed, compatible, reason, provider))
     return rows
+
+
+def _toolchain_lines():
+    from deepspeed.ops.op_builder.builder import compiler_version, nvcc_version
+
+    cxx = os.environ.get("CXX", "c++")
+    nvcc = nvcc_version()
+    ext_dir = os.environ.get("TORCH_EXTENSIONS_DIR") or "~/.cache/torch_extensions (torch default)"
+    cxx_version = compiler_version(cxx.split()[0]) if cxx.strip() else None
+    return [_dots(f"C++ compiler ({cxx})", cxx_version or "not found"),
+            _dots("nvcc", f"{nvcc[0]}.{nvcc[1]}" if nvcc else "not found"),
+            _dots("DS_SKIP_CUDA_CHECK", os.environ.get("DS_SKIP_CUDA_CHECK", "0")),
+            _dots("TORCH_CUDA_ARCH_LIST", os.environ.get("TORCH_CUDA_ARCH_LIST", "(unset)")),
+            _dots("torch extensions dir", ext_dir)]
 
 
 def op_report(warnings):
@@ -53,14 +78,19 @@ def op_report(warnings):
     lines.append(_dots("ninja", GREEN_OKAY if ninja else FAIL))
     if not ninja:
         warnings.append("ninja is not on PATH: ops cannot be JIT-compiled (pip install ninja)")
+    lines.extend(_toolchain_lines())
     lines.append("-" * WIDTH)
     rows = _op_rows(warnings)
     lines.append(f"{'op name':<28}{'installed':>14}{'compatible':>18}")
     lines.append("-" * WIDTH)
     if not rows:
         lines.append("(no op builders are registered in 'deepspeed.op_builders')")
-    for name, installed, compatible in rows:
+    for name, installed, compatible, reason, provider in rows:
         lines.append(f"{name:.<28}{installed:.>14}{compatible:.>18}")
+        if not provider.startswith("deepspeed."):
+            lines.append(f"    provided by {provider}")
+        if reason:
+            lines.append(f"    reason: {reason}")
     return lines
 
 

@@ -5,12 +5,16 @@
     p = p - lr * g / (sqrt(s) + eps)
 
 Dense gradients go through one foreach launch per device/dtype; sparse gradients (an
-``nn.Embedding(sparse=True)``) update only the rows they touch.
+``nn.Embedding(sparse=True)``) update only the rows they touch. Dense fp32 contiguous buckets go
+through the native kernel (csrc/cpu/cpu_adagrad.cpp) when it builds, which writes bf16/fp16 host
+copies in the same pass (see ``deepspeed.ops.adam.native``).
 """
 import torch
 
 from deepspeed.ops.adam.multi_tensor_apply import (CPUOptimizerMixin, MultiTensorOptimizer,
                                                    check_hyperparameters)
+from deepspeed.ops.adam.native import HalfTargets, contiguous_grad, load_kernel, native_ready
+from deepspeed.ops.op_builder.cpu_adagrad import CPUAdagradBuilder
 
 
 def adagrad_update_(params, grads, sums, *, lr, eps, weight_decay):
@@ -46,16 +50,23 @@ def sparse_adagrad_update_(param, grad, state_sum, *, lr, eps, weight_decay):
 
 
 class DeepSpeedCPUAdagrad(CPUOptimizerMixin, MultiTensorOptimizer):
-    """``amsgrad`` is accepted and ignored, as upstream."""
+    """``amsgrad`` is accepted and ignored, as upstream. ``use_native``: None uses the native
+    kernel when it builds, False forces the PyTorch path, True requires the kernel."""
 
     state_keys = ("exp_avg_sq",)
 
     def __init__(self, model_params, lr=1e-2, eps=1e-10, weight_decay=0, amsgrad=False,
-                 fp32_optimizer_states=True):
+                 fp32_optimizer_states=True, use_native=None):
         check_hyperparameters("DeepSpeedCPUAdagrad", lr=lr, eps=eps, weight_decay=weight_decay)
         super().__init__(model_params, dict(lr=lr, eps=eps, weight_decay=weight_decay,
                                             amsgrad=amsgrad))
         self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        self._native = load_kernel(CPUAdagradBuilder, "DeepSpeedCPUAdagrad", use_native)
+
+    @property
+    def native(self):
+        """The loaded kernel module, None on the PyTorch path (and after unpickling)."""
+        return getattr(self, "_native", None)
 
     def _check_param(self, param, grad):
         if grad.is_sparse:  # supported here, unlike the other DeepSpeed optimizers
@@ -65,6 +76,7 @@ class DeepSpeedCPUAdagrad(CPUOptimizerMixin, MultiTensorOptimizer):
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
         loss = self.run_closure(closure)
+        targets = HalfTargets(self, fp16_param_groups)
         for group in self.param_groups:
             hyper = dict(lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])
             for bucket in self.buckets(group):
@@ -74,7 +86,18 @@ class DeepSpeedCPUAdagrad(CPUOptimizerMixin, MultiTensorOptimizer):
                         sparse_adagrad_update_(bucket.params[i], bucket.grads[i],
                                                bucket.states["exp_avg_sq"][i], **hyper)
                 if dense:
-                    self.apply_fp32(bucket.subset(dense), lambda b: adagrad_update_(
-                        b.params, b.grads, b.states["exp_avg_sq"], **hyper))
-        self.copy_to_fp16_groups(fp16_param_groups)
+                    self._update_dense(bucket.subset(dense), hyper, targets)
+        targets.finish()
         return loss
+
+    def _update_dense(self, bucket, hyper, targets):
+        if self.native is None or not native_ready(bucket):
+            self.apply_fp32(bucket, lambda b: adagrad_update_(
+                b.params, b.grads, b.states["exp_avg_sq"], **hyper))
+            return
+        for param, grad, state_sum in zip(bucket.params, bucket.grads,
+                                          bucket.states["exp_avg_sq"]):
+            grad = contiguous_grad(grad)
+            half_ptr, half_kind = targets.claim(param)
+            self.native.adagrad_update(param.data_ptr(), grad.data_ptr(), state_sum.data_ptr(),
+                                       half_ptr, half_kind, param.numel(), **hyper)

@@ -1,13 +1,56 @@
 """FusedAdam: DeepSpeed's multi-tensor Adam/AdamW, a drop-in for ``torch.optim.AdamW`` (or
 ``torch.optim.Adam`` with ``adam_w_mode=False``).
 
-The update of all params of a group that share a device and dtype runs as one foreach launch per
-operation; fp16/bf16 params keep fp16/bf16 moments and are computed in fp32.
+On a CUDA device where the ``fused_adam`` op builds, the params of a group that share a device
+and dtype are updated by one multi-tensor kernel launch (csrc/adam); elsewhere (CPU, no nvcc, a
+failed build, mixed grad dtypes) the same math runs as one foreach launch per operation.
+fp16/bf16 params keep fp16/bf16 moments and are computed in fp32 either way.
 """
 import torch
 
-from deepspeed.ops.adam.functional import adam_step_
+from deepspeed.ops.adam.functional import adam_update_
 from deepspeed.ops.adam.multi_tensor_apply import MultiTensorOptimizer, check_hyperparameters
+from deepspeed.ops.op_builder import OpBuildError, get_op_builder
+from deepspeed.utils.logging import logger
+
+# Elements per block of the multi-tensor kernel: big enough to amortise the per-block setup,
+# small enough that one large tensor still spreads over many SMs.
+CHUNK_SIZE = 65536
+_NATIVE_OPS = {}
+
+
+def load_cuda_op(name):
+    """The loaded CUDA op ``name`` ('fused_adam', 'fused_lamb'), or None when it cannot be built
+    here; tried once per process, and the reason is logged so a slow fallback is explainable."""
+    if name in _NATIVE_OPS:
+        return _NATIVE_OPS[name]
+    module = None
+    builder_class = get_op_builder(name)
+    if builder_class is None:
+        logger.info(f"no op builder named {name!r}; using the PyTorch path")
+    else:
+        builder = builder_class()
+        if not builder.is_compatible():
+            logger.info(f"{name} CUDA op unavailable ({builder.incompatible_reason}); "
+                        f"using the PyTorch path")
+        else:
+            try:
+                module = builder.load(verbose=False)
+            except OpBuildError as err:
+                logger.warning(f"{name} CUDA op failed to build, using the PyTorch path: {err}")
+    _NATIVE_OPS[name] = module
+    return module
+
+
+def kernel_accepts(tensor_lists):
+    """Whether one launch of a multi-tensor kernel can take these lists: CUDA, one dtype the
+    kernel has (fp32/fp16/bf16), contiguous (the kernel walks raw pointers)."""
+    first = tensor_lists[0][0]
+    if first.device.type != "cuda" or first.dtype not in (torch.float32, torch.float16,
+                                                          torch.bfloat16):
+        return False
+    return all(t.dtype == first.dtype and t.device == first.device and t.is_contiguous()
+               for tensors in tensor_lists for t in tensors)
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms", "grad_scaler")
 
@@ -29,6 +72,8 @@ class FusedAdam(MultiTensorOptimizer):
         super().__init__(params, defaults)
         self.adam_w_mode = bool(adam_w_mode)
         self.set_grad_none = set_grad_none
+        # False forces the PyTorch path on GPUs too (to compare against the kernel)
+        self.use_cuda_kernel = True
 
     def zero_grad(self, set_to_none=None):
         super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
@@ -42,5 +87,22 @@ class FusedAdam(MultiTensorOptimizer):
             raise RuntimeError("FusedAdam has been updated. Simply initialize it identically to "
                                "torch.optim.Adam, and call step() with no arguments.")
         loss = self.run_closure(closure)
-        adam_step_(self, self.adam_w_mode)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                         weight_decay=group["weight_decay"])
+            for bucket in self.buckets(group):
+                lists = [bucket.params, bucket.grads, bucket.states["exp_avg"],
+                         bucket.states["exp_avg_sq"]]
+                op = (load_cuda_op("fused_adam")
+                      if self.use_cuda_kernel and kernel_accepts(lists) else None)
+                if op is not None:
+                    op.multi_tensor_adam(CHUNK_SIZE, lists, step=bucket.step,
+                                         mode=int(self.adam_w_mode),
+                                         bias_correction=bool(group["bias_correction"]), **hyper)
+                    continue
+                self.apply_fp32(bucket, lambda b: adam_update_(
+                    b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"],
+                    step=b.step, bias_correction=group["bias_correction"],
+                    adamw_mode=self.adam_w_mode, **hyper))
         return loss

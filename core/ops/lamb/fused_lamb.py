@@ -2,11 +2,16 @@
 
 ``max_grad_norm`` clips by the norm of each group's gradients (``grad_norms`` passes it in, as the
 norm of the *scaled* gradients; otherwise it is computed); ``scale`` undoes a loss scale.
+
+On a CUDA device where the ``fused_lamb`` op builds, each bucket (params sharing a device and
+dtype) is one two-pass kernel (csrc/lamb: moments and per-tensor norms, then the clamped
+trust-ratio update); elsewhere the same math runs as foreach launches.
 """
 import math
 
 import torch
 
+from deepspeed.ops.adam.fused_adam import kernel_accepts, load_cuda_op
 from deepspeed.ops.adam.multi_tensor_apply import (MultiTensorOptimizer, check_hyperparameters,
                                                    per_group)
 from deepspeed.ops.lamb.functional import lamb_update_
@@ -34,6 +39,8 @@ class FusedLamb(MultiTensorOptimizer):
         super().__init__(params, defaults)
         self.eps_inside_sqrt = bool(eps_inside_sqrt)
         self._coeffs = []
+        # False forces the PyTorch path on GPUs too (to compare against the kernel)
+        self.use_cuda_kernel = True
 
     def get_lamb_coeffs(self):
         return [float(coeff) for _, coeff in sorted(self._coeffs, key=lambda item: item[0])]
@@ -66,13 +73,23 @@ class FusedLamb(MultiTensorOptimizer):
             combined = self._combined_scale(group, group_grads, scale, norm)
             beta1, beta2 = group["betas"]
             order = {id(p): (index, i) for i, p in enumerate(group["params"])}
+            hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                         eps_inside_sqrt=self.eps_inside_sqrt,
+                         weight_decay=group["weight_decay"],
+                         bias_correction=bool(group["bias_correction"]),
+                         max_coeff=group["max_coeff"], min_coeff=group["min_coeff"],
+                         grad_scale=float(combined))
             for bucket in self.buckets(group, grads=group_grads):
-                coeffs = self.apply_fp32(bucket, lambda b: lamb_update_(
-                    b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"], step=b.step,
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    eps_inside_sqrt=self.eps_inside_sqrt, weight_decay=group["weight_decay"],
-                    bias_correction=group["bias_correction"], max_coeff=group["max_coeff"],
-                    min_coeff=group["min_coeff"], grad_scale=combined))
+                lists = [bucket.params, bucket.grads, bucket.states["exp_avg"],
+                         bucket.states["exp_avg_sq"]]
+                op = (load_cuda_op("fused_lamb")
+                      if self.use_cuda_kernel and kernel_accepts(lists) else None)
+                if op is not None:
+                    coeffs = op.lamb(*lists, step=bucket.step, **hyper)
+                else:
+                    coeffs = self.apply_fp32(bucket, lambda b: lamb_update_(
+                        b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"],
+                        step=b.step, **hyper))
                 self._coeffs += [(order[id(p)], c) for p, c in zip(bucket.params, coeffs.unbind())]
             if group_outputs is not None:
                 for param, out in zip(group["params"], group_outputs):

@@ -241,3 +241,18 @@ def test_lamb_grad_norm_clipping_and_loss_scale():
     opt.step(scale=scale, grad_norms=[norm * scale])
     for a, b in zip(tensors, got):
         torch.testing.assert_close(a.detach(), b, **TOL)
+
+
+def test_strided_gradients_give_the_same_update_as_contiguous_ones():
+    from deepspeed.ops.adam.functional import adam_update_
+
+    torch.manual_seed(0)
+    base = torch.randn(64, 32)
+    strided = torch.randn(32, 64).t()  # non-contiguous view, same shape as base
+    results = []
+    for grad in (strided, strided.contiguous()):
+        p, m, v = base.clone(), torch.zeros_like(base), torch.zeros_like(base)
+        adam_update_([p], [grad], [m], [v], step=1, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
+                     weight_decay=0.01, bias_correction=True, adamw_mode=True)
+        results.append(p)
+    assert torch.equal(results[0], results[1])

@@ -1,0 +1,83 @@
+// Python binding of the multi-tensor Adam kernel: validates the tensor lists (the kernel trusts
+// raw pointers), gathers pointers and sizes, and launches on torch's current CUDA stream.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+namespace ds_optim {
+const char* launch_multi_tensor_adam(int dtype, int64_t chunk_size, int num_tensors,
+                                     void* const* const* lists, const int64_t* sizes, double lr,
+                                     double beta1, double beta2, double eps, int64_t step,
+                                     bool adamw_mode, bool bias_correction, double weight_decay,
+                                     cudaStream_t stream);
+}
+
+namespace {
+
+int dtype_code(const at::ScalarType t) {
+    switch (t) {
+        case at::kFloat: return 0;
+        case at::kHalf: return 1;
+        case at::kBFloat16: return 2;
+        default:
+            TORCH_CHECK(false, "multi_tensor_adam: unsupported dtype ", t,
+                        " (allowed: float32, float16, bfloat16)");
+    }
+    return -1;
+}
+
+const char* kListNames[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
+
+}  // namespace
+
+void multi_tensor_adam(int64_t chunk_size, const std::vector<std::vector<at::Tensor>>& lists,
+                       double lr, double beta1, double beta2, double eps, int64_t step,
+                       int64_t mode, bool bias_correction, double weight_decay) {
+    TORCH_CHECK(lists.size() == 4, "multi_tensor_adam: expected 4 tensor lists ",
+                "(params, grads, exp_avgs, exp_avg_sqs), got ", lists.size());
+    TORCH_CHECK(mode == 0 || mode == 1, "multi_tensor_adam: mode must be 0 (L2) or 1 (AdamW), "
+                "got ", mode);
+    const size_t n = lists[0].size();
+    if (n == 0) return;
+    const at::Tensor& first = lists[0][0];
+    const int code = dtype_code(first.scalar_type());
+    std::vector<void*> ptrs[4];
+    std::vector<int64_t> sizes(n);
+    for (int d = 0; d < 4; ++d) {
+        TORCH_CHECK(lists[d].size() == n, "multi_tensor_adam: ", kListNames[d], " has ",
+                    lists[d].size(), " tensors, params has ", n);
+        ptrs[d].resize(n);
+        for (size_t i = 0; i < n; ++i) {
+            const at::Tensor& t = lists[d][i];
+            TORCH_CHECK(t.is_cuda() && t.device() == first.device(), "multi_tensor_adam: ",
+                        kListNames[d], "[", i, "] is on ", t.device(), ", expected ",
+                        first.device());
+            TORCH_CHECK(t.scalar_type() == first.scalar_type(), "multi_tensor_adam: ",
+                        kListNames[d], "[", i, "] has dtype ", t.scalar_type(), ", expected ",
+                        first.scalar_type());
+            TORCH_CHECK(t.is_contiguous(), "multi_tensor_adam: ", kListNames[d], "[", i,
+                        "] is not contiguous");
+            TORCH_CHECK(t.numel() == lists[0][i].numel(), "multi_tensor_adam: ", kListNames[d],
+                        "[", i, "] has ", t.numel(), " elements, params[", i, "] has ",
+                        lists[0][i].numel());
+            ptrs[d][i] = t.data_ptr();
+        }
+    }
+    for (size_t i = 0; i < n; ++i) sizes[i] = lists[0][i].numel();
+    void* const* table[4] = {ptrs[0].data(), ptrs[1].data(), ptrs[2].data(), ptrs[3].data()};
+    const c10::cuda::CUDAGuard guard(first.device());
+    const char* err = ds_optim::launch_multi_tensor_adam(
+        code, chunk_size, static_cast<int>(n), table, sizes.data(), lr, beta1, beta2, eps, step,
+        mode == 1, bias_correction, weight_decay, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == nullptr, "multi_tensor_adam: ", err == nullptr ? "" : err);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("multi_tensor_adam", &multi_tensor_adam,
+          "Adam/AdamW step over lists of (param, grad, exp_avg, exp_avg_sq) CUDA tensors",
+          py::arg("chunk_size"), py::arg("tensor_lists"), py::arg("lr"), py::arg("beta1"),
+          py::arg("beta2"), py::arg("eps"), py::arg("step"), py::arg("mode"),
+          py::arg("bias_correction"), py::arg("weight_decay"));
+}

@@ -1,0 +1,99 @@
+// Python binding of the fused LAMB kernel: validates the tensor lists, allocates the fp32 update
+// scratch and the per-tensor norm accumulators, and launches on torch's current CUDA stream.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+namespace ds_optim {
+const char* launch_fused_lamb(int dtype, int64_t chunk_size, int num_tensors,
+                              void* const* const* lists, const int64_t* sizes,
+                              float* updates_base, float* norms_sq, float* coeffs, double lr,
+                              double beta1, double beta2, double eps, bool eps_inside_sqrt,
+                              int64_t step, bool bias_correction, double weight_decay,
+                              double max_coeff, double min_coeff, double grad_scale,
+                              cudaStream_t stream);
+}
+
+namespace {
+
+constexpr int64_t kChunkSize = 65536;
+const char* kListNames[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
+
+int dtype_code(const at::ScalarType t) {
+    switch (t) {
+        case at::kFloat: return 0;
+        case at::kHalf: return 1;
+        case at::kBFloat16: return 2;
+        default:
+            TORCH_CHECK(false, "fused_lamb: unsupported dtype ", t,
+                        " (allowed: float32, float16, bfloat16)");
+    }
+    return -1;
+}
+
+}  // namespace
+
+// Returns the fp32 tensor of per-tensor LAMB coefficients (1 for empty or zero-norm tensors).
+at::Tensor lamb(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                const std::vector<at::Tensor>& exp_avgs,
+                const std::vector<at::Tensor>& exp_avg_sqs, double lr, double beta1,
+                double beta2, double eps, bool eps_inside_sqrt, int64_t step,
+                bool bias_correction, double weight_decay, double max_coeff, double min_coeff,
+                double grad_scale) {
+    const std::vector<at::Tensor>* lists[4] = {&params, &grads, &exp_avgs, &exp_avg_sqs};
+    const size_t n = params.size();
+    TORCH_CHECK(n > 0, "fused_lamb: params is empty");
+    const at::Tensor& first = params[0];
+    const int code = dtype_code(first.scalar_type());
+    std::vector<void*> ptrs[4];
+    std::vector<int64_t> sizes(n);
+    int64_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+        sizes[i] = params[i].numel();
+        total += sizes[i];
+    }
+    for (int d = 0; d < 4; ++d) {
+        TORCH_CHECK(lists[d]->size() == n, "fused_lamb: ", kListNames[d], " has ",
+                    lists[d]->size(), " tensors, params has ", n);
+        ptrs[d].resize(n);
+        for (size_t i = 0; i < n; ++i) {
+            const at::Tensor& t = (*lists[d])[i];
+            TORCH_CHECK(t.is_cuda() && t.device() == first.device(), "fused_lamb: ",
+                        kListNames[d], "[", i, "] is on ", t.device(), ", expected ",
+                        first.device());
+            TORCH_CHECK(t.scalar_type() == first.scalar_type(), "fused_lamb: ", kListNames[d],
+                        "[", i, "] has dtype ", t.scalar_type(), ", expected ",
+                        first.scalar_type());
+            TORCH_CHECK(t.is_contiguous(), "fused_lamb: ", kListNames[d], "[", i,
+                        "] is not contiguous");
+            TORCH_CHECK(t.numel() == sizes[i], "fused_lamb: ", kListNames[d], "[", i, "] has ",
+                        t.numel(), " elements, params[", i, "] has ", sizes[i]);
+            ptrs[d][i] = t.data_ptr();
+        }
+    }
+    const c10::cuda::CUDAGuard guard(first.device());
+    const auto fp32 = first.options().dtype(at::kFloat);
+    at::Tensor updates = at::empty({total}, fp32);
+    at::Tensor norms_sq = at::zeros({2 * static_cast<int64_t>(n)}, fp32);
+    at::Tensor coeffs = at::ones({static_cast<int64_t>(n)}, fp32);
+    void* const* table[4] = {ptrs[0].data(), ptrs[1].data(), ptrs[2].data(), ptrs[3].data()};
+    const char* err = ds_optim::launch_fused_lamb(
+        code, kChunkSize, static_cast<int>(n), table, sizes.data(), updates.data_ptr<float>(),
+        norms_sq.data_ptr<float>(), coeffs.data_ptr<float>(), lr, beta1, beta2, eps,
+        eps_inside_sqrt, step, bias_correction, weight_decay, max_coeff, min_coeff, grad_scale,
+        c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == nullptr, "fused_lamb: ", err == nullptr ? "" : err);
+    return coeffs;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("lamb", &lamb, "LAMB step over lists of (param, grad, exp_avg, exp_avg_sq) CUDA "
+          "tensors; returns the per-tensor trust ratios",
+          py::arg("params"), py::arg("grads"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"),
+          py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+          py::arg("eps_inside_sqrt"), py::arg("step"), py::arg("bias_correction"),
+          py::arg("weight_decay"), py::arg("max_coeff"), py::arg("min_coeff"),
+          py::arg("grad_scale"));
+}
