@@ -91,7 +91,20 @@ def op_report(warnings):
             lines.append(f"    provided by {provider}")
         if reason:
             lines.append(f"    reason: {reason}")
+        if name == "async_io":
+            lines.append(f"    engine: {_aio_engine(warnings)}")
     return lines
+
+
+def _aio_engine(warnings):
+    """Which I/O engine async_io builds with: libaio, or the thread-pool pread/pwrite path."""
+    from deepspeed.ops.op_builder import get_op_builder
+
+    builder = get_op_builder("async_io")
+    status = getattr(builder(), "libaio_status", None) if builder is not None else None
+    if status is None:
+        return "unknown (the registered async_io builder does not say)"
+    return status()
 
 
 def _shm_size():

@@ -87,3 +87,11 @@ def test_ds_report_shows_the_override(vendor_site):
     i = next(i for i, line in enumerate(lines) if line.startswith("fused_adam"))
     assert lines[i].endswith("[OKAY]")
     assert lines[i + 1].strip() == "provided by ds_vendor_ops:VendorFusedAdamBuilder"
+
+
+def test_op_table_says_which_aio_engine_is_active():
+    from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
+
+    lines = op_report([])
+    row = next(i for i, line in enumerate(lines) if line.startswith("async_io"))
+    assert lines[row + 1] == f"    engine: {AsyncIOBuilder().libaio_status()}"
