@@ -13,7 +13,7 @@ import torch
 
 from deepspeed.ops.adam.multi_tensor_apply import (CPUOptimizerMixin, MultiTensorOptimizer,
                                                    check_hyperparameters)
-from deepspeed.ops.adam.native import HalfTargets, contiguous_grad, load_kernel, native_ready
+from deepspeed.ops.adam.native import HalfTargets, load_kernel, native_ready, run_native
 from deepspeed.ops.op_builder.cpu_adagrad import CPUAdagradBuilder
 
 
@@ -95,9 +95,4 @@ class DeepSpeedCPUAdagrad(CPUOptimizerMixin, MultiTensorOptimizer):
             self.apply_fp32(bucket, lambda b: adagrad_update_(
                 b.params, b.grads, b.states["exp_avg_sq"], **hyper))
             return
-        for param, grad, state_sum in zip(bucket.params, bucket.grads,
-                                          bucket.states["exp_avg_sq"]):
-            grad = contiguous_grad(grad)
-            half_ptr, half_kind = targets.claim(param)
-            self.native.adagrad_update(param.data_ptr(), grad.data_ptr(), state_sum.data_ptr(),
-                                       half_ptr, half_kind, param.numel(), **hyper)
+        run_native(self.native.adagrad_update, bucket, ("exp_avg_sq",), targets, **hyper)

@@ -11,7 +11,7 @@ import torch
 from deepspeed.ops.adam.functional import adam_step_, adam_update_
 from deepspeed.ops.adam.multi_tensor_apply import (CPUOptimizerMixin, MultiTensorOptimizer,
                                                    check_hyperparameters)
-from deepspeed.ops.adam.native import HalfTargets, contiguous_grad, load_kernel, native_ready
+from deepspeed.ops.adam.native import HalfTargets, load_kernel, native_ready, run_native
 from deepspeed.ops.op_builder.cpu_adam import CPUAdamBuilder
 
 
@@ -64,11 +64,5 @@ class DeepSpeedCPUAdam(CPUOptimizerMixin, MultiTensorOptimizer):
                 b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"], step=b.step,
                 **hyper))
             return
-        for param, grad, exp_avg, exp_avg_sq in zip(bucket.params, bucket.grads,
-                                                    bucket.states["exp_avg"],
-                                                    bucket.states["exp_avg_sq"]):
-            grad = contiguous_grad(grad)
-            half_ptr, half_kind = targets.claim(param)
-            self.native.adam_update(param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),
-                                    exp_avg_sq.data_ptr(), half_ptr, half_kind, param.numel(),
-                                    step=bucket.step, **hyper)
+        run_native(self.native.adam_update, bucket, ("exp_avg", "exp_avg_sq"), targets,
+                   step=bucket.step, **hyper)

@@ -86,6 +86,17 @@ def contiguous_grad(grad: torch.Tensor) -> torch.Tensor:
     return grad if grad.is_contiguous() else grad.contiguous()
 
 
+def run_native(kernel, bucket: Bucket, state_names, targets, **hyper):
+    """``kernel(param, grad, *states, half_out, half_kind, numel, **hyper)`` on raw pointers for
+    every tensor of ``bucket``: the calling convention the three CPU optimizer kernels share."""
+    for i, param in enumerate(bucket.params):
+        grad = contiguous_grad(bucket.grads[i])
+        states = [bucket.states[name][i].data_ptr() for name in state_names]
+        half_ptr, half_kind = targets.claim(param)
+        kernel(param.data_ptr(), grad.data_ptr(), *states, half_ptr, half_kind, param.numel(),
+               **hyper)
+
+
 class HalfTargets:
     """The ``step(fp16_param_groups=...)`` copies: those the kernel can write in its own pass
     (host, contiguous, bf16/fp16, same numel as an fp32 param) are handed out by ``claim``;

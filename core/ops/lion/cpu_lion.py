@@ -6,7 +6,7 @@ import torch
 
 from deepspeed.ops.adam.multi_tensor_apply import (CPUOptimizerMixin, MultiTensorOptimizer,
                                                    check_hyperparameters)
-from deepspeed.ops.adam.native import HalfTargets, contiguous_grad, load_kernel, native_ready
+from deepspeed.ops.adam.native import HalfTargets, load_kernel, native_ready, run_native
 from deepspeed.ops.lion.functional import lion_step_, lion_update_
 from deepspeed.ops.op_builder.cpu_lion import CPULionBuilder
 
@@ -46,11 +46,6 @@ class DeepSpeedCPULion(CPUOptimizerMixin, MultiTensorOptimizer):
                     self.apply_fp32(bucket, lambda b: lion_update_(
                         b.params, b.grads, b.states["exp_avg"], **hyper))
                     continue
-                for param, grad, exp_avg in zip(bucket.params, bucket.grads,
-                                                 bucket.states["exp_avg"]):
-                    grad = contiguous_grad(grad)
-                    half_ptr, half_kind = targets.claim(param)
-                    self.native.lion_update(param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),
-                                            half_ptr, half_kind, param.numel(), **hyper)
+                run_native(self.native.lion_update, bucket, ("exp_avg",), targets, **hyper)
         targets.finish()
         return loss
