@@ -69,6 +69,23 @@ def check_hyperparameters(name: str, lr=None, eps=None, betas=None, weight_decay
         raise ValueError(f"{name}: invalid weight_decay={weight_decay} (must be >= 0)")
 
 
+def fp16_targets(param_groups, fp16_param_groups):
+    """(param, 16-bit copy) pairs of ``step(fp16_param_groups=...)``: one tensor, or one list of
+    tensors per param group matching it in length. Empty when no copies were asked for."""
+    if fp16_param_groups is None:
+        return []
+    if torch.is_tensor(fp16_param_groups):
+        fp16_param_groups = [[fp16_param_groups]]
+    pairs = []
+    groups = per_group(fp16_param_groups, len(param_groups), "fp16_param_groups")
+    for group, targets in zip(param_groups, groups):
+        if len(targets) != len(group["params"]):
+            raise ValueError(f"fp16_param_groups: {len(targets)} tensors for a group of "
+                             f"{len(group['params'])} params")
+        pairs.extend(zip(group["params"], targets))
+    return pairs
+
+
 def per_group(argument, num_groups: int, what: str) -> list:
     """Normalise a legacy per-group step argument (``grads``, ``output_params``): None, one flat
     list for a single group, or one list per group."""
@@ -187,16 +204,7 @@ class CPUOptimizerMixin:
         super()._check_param(param, grad)
 
     def copy_to_fp16_groups(self, fp16_param_groups):
-        if fp16_param_groups is None:
-            return
-        if torch.is_tensor(fp16_param_groups):
-            fp16_param_groups = [[fp16_param_groups]]
-        groups = per_group(fp16_param_groups, len(self.param_groups), "fp16_param_groups")
-        for group, targets in zip(self.param_groups, groups):
-            if len(targets) != len(group["params"]):
-                raise ValueError(f"fp16_param_groups: {len(targets)} tensors for a group of "
-                                 f"{len(group['params'])} params")
-            with torch.no_grad():
-                for param, target in zip(group["params"], targets):
-                    if param.grad is not None:
-                        target.copy_(param.view_as(target), non_blocking=True)
+        with torch.no_grad():
+            for param, target in fp16_targets(self.param_groups, fp16_param_groups):
+                if param.grad is not None:
+                    target.copy_(param.view_as(target), non_blocking=True)

@@ -15,7 +15,7 @@ from typing import Dict, Optional
 
 import torch
 
-from deepspeed.ops.adam.multi_tensor_apply import Bucket, per_group
+from deepspeed.ops.adam.multi_tensor_apply import Bucket, fp16_targets
 from deepspeed.utils.logging import logger
 
 FORCE_FALLBACK_ENV = "DS_CPU_OPTIMIZER_FALLBACK"
@@ -107,22 +107,13 @@ class HalfTargets:
         self._pairs = []
         self._fusable = {}
         self._written = set()
-        if fp16_param_groups is None:
-            return
-        if torch.is_tensor(fp16_param_groups):
-            fp16_param_groups = [[fp16_param_groups]]
-        groups = per_group(fp16_param_groups, len(optimizer.param_groups), "fp16_param_groups")
-        for group, targets in zip(optimizer.param_groups, groups):
-            if len(targets) != len(group["params"]):
-                raise ValueError(f"fp16_param_groups: {len(targets)} tensors for a group of "
-                                 f"{len(group['params'])} params")
-            for param, target in zip(group["params"], targets):
-                if param.grad is None:
-                    continue
-                self._pairs.append((param, target))
-                if (target.device.type == "cpu" and target.dtype in HALF_KIND
-                        and target.is_contiguous() and target.numel() == param.numel()):
-                    self._fusable[id(param)] = target
+        for param, target in fp16_targets(optimizer.param_groups, fp16_param_groups):
+            if param.grad is None:
+                continue
+            self._pairs.append((param, target))
+            if (target.device.type == "cpu" and target.dtype in HALF_KIND
+                    and target.is_contiguous() and target.numel() == param.numel()):
+                self._fusable[id(param)] = target
 
     def claim(self, param):
         """(pointer, half_kind) for the kernel; (0, 0) when this param has no fusable copy."""
