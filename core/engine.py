@@ -21,10 +21,11 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.precision import check_precision_supported, precision_for, training_dtype
+from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
+                                                scale_before_reduce)
 from deepspeed.utils.logging import log_dist, logger
 from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer
 
-COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 STEP_TIMERS = ["forward", "backward", "backward_inner", "backward_allreduce", "step"]
 
 
@@ -212,13 +213,10 @@ class DeepSpeedEngine(torch.nn.Module):
         grads = self.precision.reduction_grads()
         if not grads:
             return
-        comm_dtype = COMM_DTYPES.get(self.config.communication_data_type, grads[0].dtype)
-        flat = _flatten_dense_tensors(grads).to(comm_dtype)
-        predivide = self.config.gradient_predivide_factor
-        if self.config.prescale_gradients:
-            flat.div_(predivide)
+        flat = _flatten_dense_tensors(grads).to(communication_dtype(self.config, grads[0].dtype))
+        scale_before_reduce(flat, self.config)
         dist.all_reduce(flat, group=self.dp_group)
-        flat.mul_((predivide if self.config.prescale_gradients else 1.0) / self.dp_world_size)
+        scale_after_reduce(flat, self.config, self.dp_world_size)
         for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
             grad.copy_(reduced)
 
@@ -233,9 +231,9 @@ class DeepSpeedEngine(torch.nn.Module):
         if boundary:
             self.hook.deepspeed_before_step(engine=self)
             finite = self.precision.unscale_grads()  # False: fp16 overflow, skip this step
-            if finite:
-                self._clip_gradients(self.precision.master_params())
-                self.basic_optimizer.step()
+            if finite:  # the optimizer the precision policy steps is self.basic_optimizer
+                self._clip_gradients()
+                self.precision.optimizer_step()
                 self.precision.after_optimizer_step()
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step(**(lr_kwargs or {}))
@@ -253,13 +251,13 @@ class DeepSpeedEngine(torch.nn.Module):
         if boundary:
             self._report_progress()
 
-    def _clip_gradients(self, params):
-        """Clip to ``gradient_clipping`` (0 = off), recording the global norm it measured.
-        Without clipping no norm is computed (a full pass over the gradients every step), and
-        ``get_global_grad_norm()`` is None, as in DeepSpeed."""
+    def _clip_gradients(self):
+        """Clip to ``gradient_clipping`` (0 = off), recording the global norm it measured (over
+        all ranks' partitions when gradients are sharded). Without clipping no norm is computed
+        (a full pass over the gradients every step), and ``get_global_grad_norm()`` is None."""
         clip = self.config.gradient_clipping
-        if clip and clip > 0 and params:
-            self._global_grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        if clip and clip > 0:
+            self._global_grad_norm = self.precision.clip_grad_norm(clip)
 
     def _report_progress(self):
         every = self.config.steps_per_print

@@ -66,7 +66,12 @@ def deepspeed_wrap_optimizer(engine, optimizer):
 
     ``optimizer`` is the basic optimizer built from the config or given by the client (may be
     None for inference-only engines). Return the replacement (e.g. a ZeRO or 1-bit optimizer
-    wrapping it) or None to leave it alone.
+    wrapping it) or None to leave it alone. The replacement also becomes the engine's precision
+    policy, so it implements the protocol of ``deepspeed.precision.mixed_precision``
+    (``scale_loss``, ``accumulate_micro_grads``, ``reduction_grads``, ``unscale_grads``,
+    ``clip_grad_norm``, ``optimizer_step``, ``after_optimizer_step``, ``update_scale``,
+    ``zero_grad``, ``master_params``); it keeps stepping ``optimizer`` (re-pointed at whatever
+    tensors it chooses), which stays the engine's ``basic_optimizer`` that LR schedulers drive.
     """
 
 

@@ -8,7 +8,8 @@
 Both expose the same small protocol so ``DeepSpeedEngine.step`` reads the same for every
 precision: ``scale_loss``, ``accumulate_micro_grads``, ``reduction_grads``, ``unscale_grads``
 (False = overflow, skip the step), ``master_params``, ``after_optimizer_step``,
-``update_scale``, ``zero_grad``.
+``optimizer_step``, ``clip_grad_norm``, ``update_scale``, ``zero_grad``. A plugin that owns the
+optimizer (ZeRO) implements the same protocol over its partitions.
 """
 import torch
 
@@ -18,6 +19,12 @@ from deepspeed.precision.loss_scaler import log_overflow
 
 def _grads(params):
     return [p.grad for p in params if p.grad is not None]
+
+
+def clip_local_grad_norm(params, max_norm):
+    """Clip the gradients of ``params`` (held whole on this rank) to ``max_norm``; returns the
+    total norm measured before clipping."""
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
 
 class FullPrecision:
@@ -45,6 +52,12 @@ class FullPrecision:
 
     def master_params(self):
         return [p for p in self._params if p.grad is not None]
+
+    def clip_grad_norm(self, max_norm):
+        return clip_local_grad_norm(self.master_params(), max_norm)
+
+    def optimizer_step(self):
+        self.optimizer.step()
 
     def after_optimizer_step(self):
         """The optimizer updated the model's parameters directly."""
@@ -182,6 +195,12 @@ class MixedPrecisionOptimizer:
 
     def master_params(self):
         return [m for _, m in self._pairs]
+
+    def clip_grad_norm(self, max_norm):
+        return clip_local_grad_norm(self.master_params(), max_norm)
+
+    def optimizer_step(self):
+        self.optimizer.step()
 
     def after_optimizer_step(self):
         with torch.no_grad():
