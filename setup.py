@@ -34,6 +34,13 @@ def _walk(folder, import_name):
         yield name, rel
 
 
+# A plugin's `runtime_compat/` folder holds the long upstream import paths of that feature
+# (`deepspeed.runtime.zero.stage_1_and_2`, ...): it is mapped onto `deepspeed.runtime.<plugin>`
+# so that the compatibility shims live with the plugin they re-export, and core/ never imports a
+# plugin.
+RUNTIME_COMPAT = "runtime_compat"
+
+
 def package_map():
     roots = dict(ROOTS)
     plugins_dir = os.path.join(ROOT, "plugins")
@@ -41,9 +48,16 @@ def package_map():
         for entry in sorted(os.listdir(plugins_dir)):
             if os.path.isfile(os.path.join(plugins_dir, entry, "__init__.py")):
                 roots[os.path.join("plugins", entry)] = "deepspeed." + entry
+                compat = os.path.join("plugins", entry, RUNTIME_COMPAT)
+                if os.path.isfile(os.path.join(ROOT, compat, "__init__.py")):
+                    roots[compat] = "deepspeed.runtime." + entry
     mapping = {}
     for folder, import_name in roots.items():
-        mapping.update(dict(_walk(folder, import_name)))
+        for name, path in _walk(folder, import_name):
+            if path.endswith(os.sep + RUNTIME_COMPAT) or (os.sep + RUNTIME_COMPAT + os.sep) in path:
+                if not name.startswith("deepspeed.runtime."):
+                    continue  # only reachable under its upstream name
+            mapping[name] = path
     return mapping
 
 

@@ -1,0 +1,32 @@
+"""``deepspeed.zero``: the Zero Redundancy Optimizer plugin.
+
+Stages 1 and 2 (optimizer state and gradients partitioned over the data-parallel ranks, with
+optional CPU / NVMe offload of the optimizer) are in ``stage_1_and_2``; where each element lives
+is in ``partition``; the config models in ``config`` / ``offload_config`` / ``aio_config``; the
+memory estimators in ``estimators``. The plugin class that hooks it into the engine is
+``plugin.ZeroPlugin`` (entry point ``zero``). Names are imported lazily so that reading the
+config schema does not import the optimizer machinery.
+"""
+import importlib
+
+_EXPORTS = {
+    "DeepSpeedZeroConfig": "deepspeed.zero.config",
+    "ZeroStageEnum": "deepspeed.zero.config",
+    "DeepSpeedZeroOffloadOptimizerConfig": "deepspeed.zero.offload_config",
+    "DeepSpeedZeroOffloadParamConfig": "deepspeed.zero.offload_config",
+    "OffloadDeviceEnum": "deepspeed.zero.offload_config",
+    "DeepSpeedZeroOptimizer": "deepspeed.zero.stage_1_and_2",
+    "estimate_zero2_model_states_mem_needs_all_live": "deepspeed.zero.estimators",
+    "estimate_zero2_model_states_mem_needs_all_cold": "deepspeed.zero.estimators",
+    "estimate_zero3_model_states_mem_needs_all_live": "deepspeed.zero.estimators",
+    "estimate_zero3_model_states_mem_needs_all_cold": "deepspeed.zero.estimators",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepspeed.zero' has no attribute '{name}'")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,224 @@
+"""`zero_optimization`: the ZeRO section of the DeepSpeed config (`DeepSpeedZeroConfig`).
+
+Keys, defaults and aliases follow the DeepSpeed 0.14 docs. Beyond plain field checks this model
+owns the rules that involve several keys, so the optimizer code can trust a validated config:
+
+* renamed keys keep working with a warning (`cpu_offload`, `cpu_offload_param`,
+  `cpu_offload_use_pin_memory`, `stage3_gather_fp16_weights_on_model_save`); an old key together
+  with its replacement is an error naming both;
+* the ZeRO-3 knobs accept their historical `stage3_` spellings as aliases;
+* `"auto"` left in an integer knob (the HF Trainer leaves it when it cannot fill it) means the
+  documented default; a fractional value (HF computes `0.9 * hidden**2`) is truncated with a
+  warning instead of failing;
+* `overlap_comm` unset means "on for stage 3 only";
+* `offload_param` and partial optimizer offload (`ratio < 1`) need stage 3;
+* the legacy boolean form `"zero_optimization": true/false` means stage 1/0.
+"""
+import math
+import os
+import sys
+import warnings
+from enum import IntEnum
+from typing import Annotated, Any, Optional
+
+import pydantic
+from pydantic import Field, field_validator, model_validator
+
+import deepspeed.config
+
+from deepspeed.config.errors import ConfigDeprecationWarning
+from deepspeed.config.model import AUTO, DeepSpeedConfigModel, deprecated_alias
+from deepspeed.utils.logging import logger
+
+from .aio_config import AioConfig
+from .offload_config import (DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
+                             OffloadDeviceEnum)
+
+__all__ = ["ZeroStageEnum", "DeepSpeedZeroConfig", "from_legacy_bool"]
+
+
+_SKIPPED_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (pydantic, deepspeed.config)) + (
+    os.path.dirname(os.path.abspath(__file__)),)
+
+
+def _user_stacklevel() -> int:
+    """Stack level of the first frame outside pydantic, the config core and this plugin, so a
+    warning points at the code that built the config."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_SKIPPED_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class ZeroStageEnum(IntEnum):
+    """What ZeRO partitions across data-parallel ranks; each stage adds to the previous one."""
+
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+    max_stage = 3
+
+
+def _cpu_offload_section(on: Any) -> Any:
+    """Old boolean `cpu_offload*` flags become the `{device: cpu}` sub-section they stood for."""
+    if on is True:
+        return {"device": OffloadDeviceEnum.cpu.value}
+    if on is False or on is None:
+        return None
+    return on  # not a bool: let the sub-section validation report it
+
+
+def _knob(default: int, alias: Optional[str] = None, description: str = "") -> Any:
+    """A non-negative integer tuning knob that tolerates a leftover "auto" (see module doc)."""
+    return Field(default, ge=0, alias=alias, description=description,
+                 json_schema_extra={"accepts_auto": True})
+
+
+# Integer knobs that may arrive as "auto" or as a fractional float from an integration.
+_INT_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "allgather_size", "sub_group_size",
+              "prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+              "max_live_parameters", "max_reuse_distance", "zero_hpz_partition_size")
+
+
+class DeepSpeedZeroConfig(DeepSpeedConfigModel):
+    """`zero_optimization`: which ZeRO stage runs and how it buckets, overlaps and offloads."""
+
+    stage: ZeroStageEnum = ZeroStageEnum.disabled
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    reduce_bucket_size: int = _knob(500_000_000, description="elements reduced at a time")
+    use_multi_rank_bucket_allreduce: bool = True
+    allgather_partitions: bool = True
+    allgather_bucket_size: int = _knob(500_000_000, description="elements all-gathered at a time")
+    allgather_size: int = _knob(500_000_000, description="legacy (boolean-form) all-gather size")
+    overlap_comm: Optional[bool] = Field(None, description="None: on for stage 3 only")
+    load_from_fp32_weights: bool = True
+    elastic_checkpoint: bool = False
+
+    offload_param: Annotated[Optional[DeepSpeedZeroOffloadParamConfig],
+                             deprecated_alias("cpu_offload_param", convert=_cpu_offload_section)] = None
+    offload_optimizer: Annotated[Optional[DeepSpeedZeroOffloadOptimizerConfig],
+                                 deprecated_alias("cpu_offload", convert=_cpu_offload_section)] = None
+    cpu_offload_use_pin_memory: Optional[bool] = Field(
+        None, description="deprecated: sets pin_memory of the configured offload sections")
+    aio: Optional[AioConfig] = Field(None, description="the docs' nested location of the `aio` section")
+
+    sub_group_size: int = _knob(1_000_000_000, description="elements per optimizer-step tile")
+    prefetch_bucket_size: int = _knob(50_000_000, alias="stage3_prefetch_bucket_size")
+    param_persistence_threshold: int = _knob(100_000, alias="stage3_param_persistence_threshold")
+    model_persistence_threshold: int = _knob(sys.maxsize, alias="stage3_model_persistence_threshold")
+    max_live_parameters: int = _knob(1_000_000_000, alias="stage3_max_live_parameters")
+    max_reuse_distance: int = _knob(1_000_000_000, alias="stage3_max_reuse_distance")
+    gather_16bit_weights_on_model_save: Annotated[
+        bool, deprecated_alias("stage3_gather_fp16_weights_on_model_save")] = Field(
+            False, alias="stage3_gather_16bit_weights_on_model_save")
+
+    ignore_unused_parameters: bool = True
+    legacy_stage1: bool = False
+    round_robin_gradients: bool = False
+    zero_hpz_partition_size: int = _knob(1, description="ranks in the secondary (hpZ) partition group")
+    zero_quantized_weights: bool = False
+    zero_quantized_nontrainable_weights: bool = False
+    zero_quantized_gradients: bool = False
+    mics_shard_size: int = -1
+    mics_hierarchical_params_gather: bool = False
+    memory_efficient_linear: bool = True
+    pipeline_loading_checkpoint: bool = False
+    override_module_apply: bool = True
+
+    # -- input normalisation --------------------------------------------------------------------
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_forms(cls, data: Any) -> Any:
+        if isinstance(data, bool):
+            warnings.warn(
+                '"zero_optimization": true/false is deprecated; use "zero_optimization": '
+                f'{{"stage": {int(data)}}} instead', ConfigDeprecationWarning, stacklevel=_user_stacklevel())
+            return {"stage": int(data)}
+        if isinstance(data, dict):
+            if data.get("cpu_offload_use_pin_memory") is not None:
+                warnings.warn(
+                    "Config parameter 'cpu_offload_use_pin_memory' is deprecated; use 'pin_memory' "
+                    "inside 'offload_optimizer' / 'offload_param' instead",
+                    ConfigDeprecationWarning, stacklevel=_user_stacklevel())
+            if data.get("elastic_checkpoint") is True:
+                logger.warning("zero_optimization.elastic_checkpoint is no longer supported and is ignored")
+        return data
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _stage_number(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= ZeroStageEnum.max_stage:
+            raise ValueError("must be 0, 1, 2 or 3")
+        return value
+
+    @field_validator(*_INT_KNOBS, mode="before")
+    @classmethod
+    def _auto_and_fractional(cls, value: Any, info) -> Any:
+        if isinstance(value, str) and value == AUTO:
+            return cls.model_fields[info.field_name].default
+        if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+            truncated = int(value)
+            warnings.warn(f"zero_optimization.{info.field_name}={value!r} is not an integer; "
+                          f"using {truncated}", UserWarning, stacklevel=_user_stacklevel())
+            return truncated
+        return value
+
+    # -- cross-field rules ------------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _resolve_and_check(self):
+        stage = int(self.stage)
+        if self.overlap_comm is None:
+            # Written to __dict__: a validated assignment would re-enter this validator.
+            self.__dict__["overlap_comm"] = stage == ZeroStageEnum.weights
+        if self.offload_param is not None and self.offload_param.enabled and stage < ZeroStageEnum.weights:
+            raise ValueError(f"offload_param is only supported with ZeRO stage 3 (stage is {stage})")
+        opt = self.offload_optimizer
+        if opt is not None and opt.enabled and opt.ratio < 1.0 and stage < ZeroStageEnum.weights:
+            raise ValueError("Partial offloading only supported for ZeRO Stage 3 "
+                             f"(offload_optimizer.ratio={opt.ratio}, stage is {stage})")
+        self._apply_legacy_pin_memory()
+        return self
+
+    def _apply_legacy_pin_memory(self) -> None:
+        value = self.cpu_offload_use_pin_memory
+        if value is None:
+            return
+        targets = [(name, sub) for name, sub in (("offload_optimizer", self.offload_optimizer),
+                                                 ("offload_param", self.offload_param)) if sub is not None]
+        if not targets:
+            logger.warning("zero_optimization.cpu_offload_use_pin_memory has no effect: no "
+                           "offload_optimizer / offload_param is configured")
+        for name, sub in targets:
+            if "pin_memory" in sub.model_fields_set and sub.pin_memory != value:
+                raise ValueError(f"Cannot provide deprecated parameter 'cpu_offload_use_pin_memory' and "
+                                 f"replacing parameter '{name}.pin_memory' together")
+            sub.__dict__["pin_memory"] = value
+
+    # -- conveniences for the optimizer code --------------------------------------------------
+    @property
+    def offload_optimizer_device(self) -> OffloadDeviceEnum:
+        """Where optimizer state lives ("none" when there is no offload_optimizer section)."""
+        return self.offload_optimizer.device if self.offload_optimizer is not None else OffloadDeviceEnum.none
+
+    @property
+    def offload_param_device(self) -> OffloadDeviceEnum:
+        """Where partitioned parameters live ("none" when there is no offload_param section)."""
+        return self.offload_param.device if self.offload_param is not None else OffloadDeviceEnum.none
+
+    @classmethod
+    def from_legacy_bool(cls, value: bool) -> "DeepSpeedZeroConfig":
+        """The config meant by the legacy top-level `"zero_optimization": true/false` (stage 1/0)."""
+        return from_legacy_bool(value, cls)
+
+
+def from_legacy_bool(value: bool, config_cls=DeepSpeedZeroConfig) -> DeepSpeedZeroConfig:
+    """Map the legacy boolean `zero_optimization` value to a config (warns: deprecated)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"zero_optimization: the legacy form is a boolean, got {value!r}")
+    return config_cls.model_validate(value)

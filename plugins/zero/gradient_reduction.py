@@ -1,0 +1,151 @@
+"""Bucketed reduce-scatter of gradients into each rank's partition (ZeRO stages 1 and 2).
+
+Stage 2 registers a post-accumulate-grad hook on every parameter: as backward produces a
+gradient it is copied into its bucket's flat send buffer and freed, and when a bucket is full it
+is reduce-scattered (asynchronously with ``overlap_comm``, so communication runs while backward
+continues). Buckets are launched strictly in bucket order on every rank: collectives pair up by
+issue order, so a rank whose backward produced gradients in another order (or not at all for an
+unused parameter) must not issue a different sequence. Stage 1 keeps full gradients through
+accumulation and reduce-scatters all buckets at the boundary.
+
+Each received piece is averaged (``gradient_averaging``) and *added* to the rank's fp32 gradient
+partition, so micro-batches accumulate there.
+"""
+from collections import deque
+
+import torch
+
+from deepspeed import comm as dist
+from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
+                                                scale_before_reduce)
+
+MAX_BUCKETS_IN_FLIGHT = 2  # with overlap_comm: double buffering bounds the extra memory
+
+
+class UnusedParameterError(RuntimeError):
+    """``ignore_unused_parameters: false`` and a parameter received no gradient."""
+
+
+class GradientReducer:
+
+    def __init__(self, layouts, grad_partitions, *, config, zero_config, group, rank, world_size,
+                 param_names):
+        self.layouts = layouts
+        self.buckets = [b for layout in layouts for b in layout.buckets]
+        self.grad_partitions = grad_partitions  # per group: fp32 flat tensor (rank's partition)
+        self.config = config
+        self.group = group
+        self.rank = rank
+        self.world_size = world_size
+        self.overlap = bool(zero_config.overlap_comm)
+        self.use_reduce_scatter = bool(zero_config.reduce_scatter)
+        self.ignore_unused = bool(zero_config.ignore_unused_parameters)
+        self.param_names = param_names
+        self._where = {}  # id(param) -> (bucket index, offset in bucket)
+        for index, bucket in enumerate(self.buckets):
+            for param, offset in zip(bucket.params, bucket.offsets):
+                self._where[id(param)] = (index, offset)
+        self._handles = []
+        self._reset()
+
+    def _reset(self):
+        self._inputs = [None] * len(self.buckets)
+        self._ready = [0] * len(self.buckets)
+        self._next = 0
+        self._pending = deque()
+        self._seen = set()
+
+    # ------------------------------------------------------------------ stage 2: during backward
+    def attach_hooks(self):
+        for bucket in self.buckets:
+            for param in bucket.params:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._grad_ready))
+
+    def detach_hooks(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _grad_ready(self, param):
+        index, offset = self._where[id(param)]
+        self._input(index).narrow(0, offset, param.numel()).copy_(param.grad.reshape(-1))
+        param.grad = None  # stage 2 keeps only the partition: the full gradient goes now
+        self._seen.add(id(param))
+        self._ready[index] += 1
+        self._launch_ready()
+
+    def _input(self, index):
+        if self._inputs[index] is None:
+            bucket = self.buckets[index]
+            dtype = communication_dtype(self.config, bucket.buffer.dtype)
+            self._inputs[index] = torch.zeros(bucket.padded, dtype=dtype,
+                                              device=bucket.buffer.device)
+        return self._inputs[index]
+
+    def _launch_ready(self):
+        while (self._next < len(self.buckets)
+               and self._ready[self._next] == len(self.buckets[self._next].params)):
+            self._launch(self._next)
+            self._next += 1
+
+    def finish(self):
+        """End of a backward: reduce what is left (in bucket order), wait for everything."""
+        for index in range(self._next, len(self.buckets)):
+            if self._ready[index] < len(self.buckets[index].params):
+                self._check_unused(index)
+            self._launch(index)
+        while self._pending:
+            self._complete(self._pending.popleft())
+        self._reset()
+
+    def _check_unused(self, index):
+        if self.ignore_unused:
+            return
+        bucket = self.buckets[index]
+        missing = [self.param_names.get(id(p), "?") for p in bucket.params
+                   if id(p) not in self._seen]
+        raise UnusedParameterError(
+            f"zero_optimization.ignore_unused_parameters is false and parameter(s) "
+            f"{missing[:10]} received no gradient in this backward pass; make every parameter "
+            f"take part in the loss or set ignore_unused_parameters: true")
+
+    # ------------------------------------------------------------------ stage 1: at the boundary
+    def reduce_param_grads(self, params):
+        """Reduce-scatter the full gradients accumulated in ``param.grad`` and free them."""
+        for index, bucket in enumerate(self.buckets):
+            flat = self._input(index)
+            for param, offset in zip(bucket.params, bucket.offsets):
+                if param.grad is not None:
+                    flat.narrow(0, offset, param.numel()).copy_(param.grad.reshape(-1))
+            self._launch(index)
+        while self._pending:
+            self._complete(self._pending.popleft())
+        for param in params:
+            param.grad = None
+        self._reset()
+
+    # ------------------------------------------------------------------ the collective
+    def _launch(self, index):
+        bucket = self.buckets[index]
+        flat = scale_before_reduce(self._input(index), self.config)
+        self._inputs[index] = None
+        if self.use_reduce_scatter:
+            received = torch.empty(bucket.piece, dtype=flat.dtype, device=flat.device)
+            work = dist.reduce_scatter_tensor(received, flat, group=self.group,
+                                              async_op=self.overlap)
+        else:  # documented alternative: all-reduce, keep our piece
+            work = dist.all_reduce(flat, group=self.group, async_op=self.overlap)
+            received = flat.narrow(0, self.rank * bucket.piece, bucket.piece)
+        self._pending.append((work, received, bucket, flat))
+        limit = MAX_BUCKETS_IN_FLIGHT if self.overlap else 0
+        while len(self._pending) > limit:
+            self._complete(self._pending.popleft())
+
+    def _complete(self, entry):
+        work, received, bucket, _send_buffer = entry  # the buffer must live until the wait
+        if work is not None and hasattr(work, "wait"):
+            work.wait()
+        scale_after_reduce(received, self.config, self.world_size)
+        target = self.grad_partitions[bucket.group].narrow(0, bucket.partition_offset,
+                                                            bucket.piece)
+        target.add_(received.to(device=target.device, dtype=target.dtype))

@@ -1,0 +1,1 @@
+"""ZeRO-Offload helpers: keeping optimizer state off the accelerator (NVMe swapping in `nvme`)."""

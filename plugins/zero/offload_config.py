@@ -1,0 +1,88 @@
+"""`offload_param` / `offload_optimizer`: where ZeRO keeps parameters and optimizer state.
+
+Both sub-sections share the device choice and the NVMe path rule (an NVMe device is useless
+without a directory to swap into, so that is rejected here rather than at the first swap).
+Which ZeRO stages may use which offload is a cross-field rule of `DeepSpeedZeroConfig`.
+"""
+from enum import Enum
+from typing import Any, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from deepspeed.config.model import DeepSpeedConfigModel
+
+__all__ = ["OffloadDeviceEnum", "DeepSpeedZeroOffloadParamConfig", "DeepSpeedZeroOffloadOptimizerConfig"]
+
+
+class OffloadDeviceEnum(str, Enum):
+    """Where offloaded tensors live. A `str` enum so `device == "cpu"` reads naturally."""
+
+    none = "none"
+    cpu = "cpu"
+    nvme = "nvme"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _normalise_device(value: Any) -> Any:
+    # JSON configs in the wild write "CPU" / "NVMe"; the meaning is unambiguous.
+    if isinstance(value, str):
+        return value.strip().lower()
+    return value
+
+
+class _OffloadBase(DeepSpeedConfigModel):
+    device: OffloadDeviceEnum = OffloadDeviceEnum.none
+    nvme_path: Optional[str] = None
+    pin_memory: bool = False
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_spelling(cls, value: Any) -> Any:
+        return _normalise_device(value)
+
+    @field_validator("nvme_path", mode="before")
+    @classmethod
+    def _path_as_string(cls, value: Any) -> Any:
+        # A pathlib.Path from Python callers is kept as the user's string, not resolved.
+        if value is not None and not isinstance(value, str) and hasattr(value, "__fspath__"):
+            return str(value)
+        return value
+
+    @model_validator(mode="after")
+    def _nvme_needs_path(self):
+        if self.device == OffloadDeviceEnum.nvme and not self.nvme_path:
+            raise ValueError('device "nvme" needs "nvme_path" (the directory swap files are written to)')
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this offload actually moves anything (device is not "none")."""
+        return self.device != OffloadDeviceEnum.none
+
+
+class DeepSpeedZeroOffloadParamConfig(_OffloadBase):
+    """`zero_optimization.offload_param` (ZeRO stage 3 only): partitioned params on CPU or NVMe."""
+
+    buffer_count: int = Field(5, ge=0, description="buffers in the NVMe parameter buffer pool")
+    buffer_size: int = Field(100_000_000, ge=0, description="elements per NVMe parameter buffer")
+    max_in_cpu: int = Field(1_000_000_000, ge=0,
+                            description="parameter elements kept in CPU memory when NVMe offload is on")
+
+
+class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
+    """`zero_optimization.offload_optimizer` (stages 1-3): optimizer state and step on CPU/NVMe."""
+
+    buffer_count: int = Field(4, ge=0, description="NVMe swap buffers; at least the optimizer states "
+                                                   "per parameter (Adam: param, grad, momentum, variance)")
+    pipeline_read: bool = False
+    pipeline_write: bool = False
+    fast_init: bool = False
+    ratio: float = Field(1.0, ge=0.0, le=1.0, description="fraction of optimizer states offloaded "
+                                                           "(< 1 is partial offload, stage 3 only)")
+
+    @property
+    def pipeline(self) -> bool:
+        """Tile-pipelined NVMe swapping: on when either direction overlaps with compute."""
+        return self.pipeline_read or self.pipeline_write

@@ -1,0 +1,157 @@
+"""The ``zero`` plugin: ZeRO's place in the engine, through the hooks in ``deepspeed.hooks``.
+
+Enabled by ``zero_optimization.stage`` > 0. It replaces the engine's optimizer with
+``DeepSpeedZeroOptimizer`` (which is also the precision policy), the core all-reduce with its
+bucketed reduce-scatter, and the optimizer part of checkpoints with per-rank partition files.
+"""
+from deepspeed.hooks import hookimpl
+from deepspeed.optimizers import is_zero_supported_optimizer
+from deepspeed.plugin_manager import DeepSpeedPlugin
+from deepspeed.utils.logging import logger
+from deepspeed.zero.aio_config import AioConfig
+from deepspeed.zero.config import DeepSpeedZeroConfig
+from deepspeed.zero.offload_config import OffloadDeviceEnum
+
+CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
+
+
+def _zero_optimizer(engine):
+    from deepspeed.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    optimizer = getattr(engine, "optimizer", None)
+    return optimizer if isinstance(optimizer, DeepSpeedZeroOptimizer) else None
+
+
+def _offload_device(zero_config):
+    offload = zero_config.offload_optimizer
+    if offload is None:
+        return OffloadDeviceEnum.none
+    return OffloadDeviceEnum(offload.device)
+
+
+def check_optimizer(config, zero_config, optimizer):
+    """The documented refusals, before any state is partitioned."""
+    name = type(optimizer).__name__
+    if not is_zero_supported_optimizer(optimizer):
+        if not config.zero_allow_untested_optimizer:
+            raise ValueError(
+                f"You are using an untested ZeRO Optimizer ({name}). Please add "
+                f"<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.")
+        logger.warning(f"**** You are using ZeRO with an untested optimizer ({name}), "
+                       f"proceed with caution *****")
+    if _offload_device(zero_config) is not OffloadDeviceEnum.none:
+        if "lamb" in name.lower():
+            raise ValueError("zero_optimization.offload_optimizer does not work with LAMB "
+                             "(it needs a CPU implementation); use Adam or disable the offload")
+        if name not in CPU_OPTIMIZER_NAMES and config.zero_force_ds_cpu_optimizer:
+            raise ValueError(
+                f"zero_optimization.offload_optimizer steps the optimizer on the CPU, and {name} "
+                f"is not a DeepSpeed CPU optimizer (DeepSpeedCPUAdam/Adagrad/Lion), which would "
+                f"be much slower; configure the optimizer in the 'optimizer' section, or set "
+                f"\"zero_force_ds_cpu_optimizer\": false to use {name} anyway")
+
+
+def _nvme_swapper_factory(engine, zero_config, aio_config):
+    from deepspeed.zero.offload.nvme import OptimizerStateSwapper, validate_nvme_path
+
+    offload = zero_config.offload_optimizer
+    path = validate_nvme_path(offload.nvme_path, "zero_optimization.offload_optimizer.nvme_path")
+    from deepspeed import comm as dist
+
+    rank = dist.get_rank()
+
+    def build(optimizer):
+        return OptimizerStateSwapper(optimizer, path, rank, aio_kwargs=aio_config.handle_kwargs(),
+                                     pin_memory=bool(offload.pin_memory),
+                                     buffer_count=int(offload.buffer_count))
+
+    return build
+
+
+class ZeroPlugin(DeepSpeedPlugin):
+    config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig}
+
+    def is_enabled(self, config, sections):
+        return config.zero_optimization_stage > 0
+
+    def _zero_config(self, config):
+        return config.section("zero_optimization")
+
+    def _aio_config(self, config):
+        top = config.section("aio")
+        nested = getattr(self._zero_config(config), "aio", None)
+        return top or nested or AioConfig()
+
+    @hookimpl
+    def deepspeed_engine_init(self, engine, config):
+        if config.amp_enabled:
+            raise ValueError("Amp and ZeRO are not currently compatible: remove the 'amp' "
+                             "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
+        stage = config.zero_optimization_stage
+        if stage >= 3:
+            raise NotImplementedError(
+                "zero_optimization.stage 3 (parameter partitioning) is not available in this "
+                "build yet; use stage 1 or 2")
+
+    @hookimpl
+    def deepspeed_wrap_optimizer(self, engine, optimizer):
+        if optimizer is None:
+            return None
+        from deepspeed.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+        config = engine.config
+        zero_config = self._zero_config(config)
+        check_optimizer(config, zero_config, optimizer)
+        device = _offload_device(zero_config)
+        swapper = (_nvme_swapper_factory(engine, zero_config, self._aio_config(config))
+                   if device is OffloadDeviceEnum.nvme else None)
+        return DeepSpeedZeroOptimizer(
+            optimizer, config=config, zero_config=zero_config, module=engine.module,
+            dp_group=engine.dp_group, nvme_swapper=swapper,
+            offload_device="cpu" if device is not OffloadDeviceEnum.none else None)
+
+    @hookimpl
+    def deepspeed_reduce_gradients(self, engine):
+        optimizer = _zero_optimizer(engine)
+        if optimizer is None:
+            return None
+        optimizer.reduce_gradients()
+        return True
+
+    # ------------------------------------------------------------------ checkpoints
+    @hookimpl
+    def deepspeed_save_optimizer_state(self, engine, checkpoint_dir, tag):
+        from deepspeed.checkpoint.collective import data_parallel_rank, model_parallel_rank
+        from deepspeed.zero.checkpointing import save_rank_file
+
+        optimizer = _zero_optimizer(engine)
+        if optimizer is None:
+            return None
+        save_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
+                       model_parallel_rank(engine), engine.config.to_dict())
+        return True
+
+    @hookimpl
+    def deepspeed_save_checkpoint(self, engine, state):
+        optimizer = _zero_optimizer(engine)
+        if optimizer is None:
+            return
+        from collections import OrderedDict
+
+        names = optimizer.param_names
+        state["param_shapes"] = [OrderedDict((names[id(p)], p.shape) for p in params)
+                                 for params in optimizer.partitioned_params]
+
+    @hookimpl
+    def deepspeed_load_optimizer_state(self, engine, checkpoint_dir, tag, state):
+        from deepspeed.checkpoint.collective import data_parallel_rank, model_parallel_rank
+        from deepspeed.zero.checkpointing import load_rank_file
+
+        optimizer = _zero_optimizer(engine)
+        if optimizer is None:
+            return None
+        load_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
+                       model_parallel_rank(engine),
+                       elastic=bool(self._zero_config(engine.config).elastic_checkpoint),
+                       saved_world=state.get("dp_world_size"))
+        return True

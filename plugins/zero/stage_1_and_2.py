@@ -1,0 +1,325 @@
+"""ZeRO stages 1 and 2: fp32 master weights, optimizer state and (stage 2) gradients partitioned
+across the data-parallel ranks.
+
+Per step, on every rank:
+
+    backward     stage 2: each bucket of gradients is reduce-scattered as soon as it is complete
+                 (``gradient_reduction``), accumulating into this rank's fp32 gradient partition;
+                 stage 1: full gradients accumulate in ``param.grad`` and are reduce-scattered at
+                 the accumulation boundary
+    step         unscale + overflow check (fp16, agreed by all ranks) -> clip with the global norm
+                 (partition norms summed over ranks) -> the basic optimizer steps this rank's
+                 fp32 partition (on the host with offload; swapped through NVMe sub-group by
+                 sub-group with ``offload_optimizer.device: nvme``) -> the updated partition is
+                 cast into the model's own buffers -> one all-gather per bucket publishes it
+
+The class is also the engine's precision policy (see ``deepspeed.precision.mixed_precision``
+for the protocol), and the optimizer ``deepspeed.initialize`` returns. Checkpoint (de)serialising
+of the partitions lives in ``deepspeed.zero.checkpointing``.
+"""
+import torch
+
+from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
+from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
+from deepspeed.utils.logging import logger
+from deepspeed.zero.gradient_reduction import GradientReducer
+from deepspeed.zero.partition import build_layout
+
+
+class DeepSpeedZeroOptimizer:
+    """Wraps the basic optimizer (built over the model's parameters) so that it steps this
+    rank's fp32 partitions instead."""
+
+    def __init__(self, optimizer, *, config, zero_config, module, dp_group=None, nvme_swapper=None,
+                 offload_device=None):
+        self.optimizer = optimizer
+        self.config = config
+        self.zero_config = zero_config
+        self.stage = int(zero_config.stage)
+        self.module = module
+        self.dp_group = dp_group
+        self.world_size = dist.get_world_size(group=dp_group)
+        self.rank = dist.get_rank(group=dp_group)
+        self.loss_scaler = loss_scaler_from_config(config) if config.fp16_enabled else None
+        self.overflow = False
+        self.param_names = {id(p): n for n, p in module.named_parameters()}
+        self._all_params = list(module.parameters())
+
+        groups = []
+        for group in optimizer.param_groups:
+            trainable = [p for p in group["params"] if p.requires_grad]
+            if any(p in optimizer.state for p in trainable):
+                logger.warning("the optimizer passed to ZeRO already holds state; it is reset "
+                               "(partitions start a fresh optimizer state)")
+            groups.append(trainable)
+        self.layouts = build_layout(groups, self.world_size, zero_config.reduce_bucket_size)
+        self.partitioned_params = [layout.params for layout in self.layouts]
+
+        device = next((b.buffer.device for layout in self.layouts for b in layout.buckets),
+                      torch.device(get_accelerator().current_device_name()))
+        self.master_device = torch.device(offload_device) if offload_device else device
+        pin = bool(getattr(zero_config.offload_optimizer, "pin_memory", False))
+        self.sub_group_size = max(int(zero_config.sub_group_size), 1)
+        self.chunks = []  # per group: fp32 Parameters covering the rank's partition in order
+        self.grad_partitions = []
+        optimizer.state.clear()
+        for layout, group in zip(self.layouts, optimizer.param_groups):
+            flat = torch.cat([b.piece_of(self.rank).detach().float().to(self.master_device)
+                              for b in layout.buckets]) if layout.buckets else \
+                torch.zeros(0, device=self.master_device)
+            chunks = [torch.nn.Parameter(self._maybe_pin(piece.clone(), pin))
+                      for piece in flat.split(self.sub_group_size)]
+            self.chunks.append(chunks)
+            self.grad_partitions.append(self._maybe_pin(
+                torch.zeros(layout.partition_numel, device=self.master_device), pin))
+            group["params"] = chunks
+        self._segments = [self._chunk_segments(g) for g in range(len(self.layouts))]
+        self._chunk_starts = {}  # id(chunk) -> (group, offset in the group's partition)
+        for group, chunks in enumerate(self.chunks):
+            start = 0
+            for chunk in chunks:
+                self._chunk_starts[id(chunk)] = (group, start)
+                start += chunk.numel()
+
+        self.reducer = GradientReducer(self.layouts, self.grad_partitions, config=config,
+                                       zero_config=zero_config, group=dp_group, rank=self.rank,
+                                       world_size=self.world_size, param_names=self.param_names)
+        if self.stage >= 2:
+            self.reducer.attach_hooks()
+        self.swapper = nvme_swapper(optimizer) if nvme_swapper is not None else None
+        if self.swapper is not None:
+            for chunk in self.all_chunks:
+                self.swapper.swap_out(chunk)
+
+    @staticmethod
+    def _maybe_pin(tensor, pin):
+        return get_accelerator().pin_memory(tensor) if pin and tensor.device.type == "cpu" \
+            else tensor
+
+    @property
+    def all_chunks(self):
+        return [c for chunks in self.chunks for c in chunks]
+
+    def _chunk_segments(self, group):
+        """For each chunk of ``group``: [(offset in chunk, bucket, offset in piece, length)]."""
+        out, start = [], 0
+        buckets = self.layouts[group].buckets
+        for chunk in self.chunks[group]:
+            segs, stop = [], start + chunk.numel()
+            for bucket in buckets:
+                lo = max(start, bucket.partition_offset)
+                hi = min(stop, bucket.partition_offset + bucket.piece)
+                if lo < hi:
+                    segs.append((lo - start, bucket, lo - bucket.partition_offset, hi - lo))
+            out.append(segs)
+            start = stop
+        return out
+
+    # ------------------------------------------------------------------ optimizer face
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @property
+    def cur_scale(self):
+        return self.loss_scaler.cur_scale if self.loss_scaler is not None else 1.0
+
+    loss_scale = cur_scale
+
+    def step(self, closure=None):
+        """Step the partitions and publish them; the engine unscales and clips first."""
+        if closure is not None:
+            raise ValueError("ZeRO optimizers do not support a closure in step()")
+        self.optimizer_step()
+        self.after_optimizer_step()
+
+    def state_dict(self):
+        from deepspeed.zero.checkpointing import partition_state_dict
+
+        return partition_state_dict(self)
+
+    def load_state_dict(self, state_dict, load_from_fp32_weights=None):
+        from deepspeed.zero.checkpointing import load_partition_state_dict
+
+        load_partition_state_dict(self, state_dict, load_from_fp32_weights)
+
+    def refresh_fp32_params(self):
+        """Re-derive this rank's fp32 partition from the model's (possibly 16-bit) weights."""
+        with torch.no_grad():
+            for group, chunks in enumerate(self.chunks):
+                for chunk, segments in zip(chunks, self._segments[group]):
+                    self._swap_in(chunk)
+                    for at, bucket, offset, length in segments:
+                        chunk.data.narrow(0, at, length).copy_(
+                            bucket.piece_of(self.rank).narrow(0, offset, length))
+                    self._swap_out(chunk)
+
+    # ------------------------------------------------------------------ precision protocol
+    def scale_loss(self, loss):
+        return loss.float() * self.cur_scale if self.loss_scaler is not None else loss
+
+    def accumulate_micro_grads(self):
+        """Stage 2 reduces every micro-batch: finish this backward's buckets."""
+        if self.stage >= 2:
+            self.reducer.finish()
+
+    def reduce_gradients(self):
+        """At the accumulation boundary (the plugin's reduce hook)."""
+        if self.stage < 2:
+            self.reducer.reduce_param_grads(
+                [p for params in self.partitioned_params for p in params])
+
+    def reduction_grads(self):
+        return []  # the plugin reduces; the core all-reduce never runs under ZeRO
+
+    def unscale_grads(self):
+        """Unscale the fp32 gradient partitions; False when any rank saw inf/nan (fp16)."""
+        if self.loss_scaler is None:
+            self.overflow = False
+            return True
+        if self.cur_scale != 1.0:
+            for grads in self.grad_partitions:
+                grads.mul_(1.0 / self.cur_scale)
+        bad = torch.zeros(1)
+        for grads in self.grad_partitions:
+            if grads.numel() and not torch.isfinite(grads).all():
+                bad.fill_(1.0)
+                break
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank skips, or none
+        self.overflow = bool(bad.item())
+        return not self.overflow
+
+    def clip_grad_norm(self, max_norm):
+        """Global L2 norm of the gradients (each rank holds a disjoint partition), and clip."""
+        squares = torch.zeros(1, dtype=torch.float64)
+        for grads in self.grad_partitions:
+            if grads.numel():
+                squares += grads.double().pow(2).sum().cpu()
+        dist.all_reduce(squares, group=self.dp_group)
+        total = float(squares.sqrt())
+        coef = max_norm / (total + 1e-6)
+        if coef < 1.0:
+            for grads in self.grad_partitions:
+                grads.mul_(coef)
+        return total
+
+    def master_params(self):
+        return self.all_chunks
+
+    def optimizer_step(self):
+        """Step this rank's partition and cast it into the model's buckets."""
+        if self.swapper is None:
+            self._attach_grads(self.all_chunks)
+            self.optimizer.step()
+            for group, chunks in enumerate(self.chunks):
+                for chunk, segments in zip(chunks, self._segments[group]):
+                    self._write_back(chunk, segments)
+            return
+        self._step_sub_groups()
+
+    def _step_sub_groups(self):
+        """NVMe: one sub-group resident at a time, the next one read ahead while it steps."""
+        order = [(g, i) for g, chunks in enumerate(self.chunks) for i in range(len(chunks))]
+        real_groups = self.optimizer.param_groups
+        try:
+            for position, (group, index) in enumerate(order):
+                if position + 1 < len(order):
+                    nxt = order[position + 1]
+                    self.swapper.prefetch(self.chunks[nxt[0]][nxt[1]])
+                chunk = self.chunks[group][index]
+                self.swapper.swap_in(chunk)
+                self._attach_grads([chunk])
+                # a private copy of the group, so group-level counters advance once per step
+                single = dict(real_groups[group], params=[chunk])
+                self.optimizer.param_groups = [single]
+                self.optimizer.step()
+                real_groups[group].update({k: v for k, v in single.items() if k != "params"})
+                self._write_back(chunk, self._segments[group][index])
+                chunk.grad = None
+                self.swapper.swap_out(chunk)
+        finally:
+            self.optimizer.param_groups = real_groups
+
+    def _attach_grads(self, chunks):
+        for chunk in chunks:
+            group, start = self._chunk_starts[id(chunk)]
+            chunk.grad = self.grad_partitions[group].narrow(0, start, chunk.numel())
+
+    def _write_back(self, chunk, segments):
+        with torch.no_grad():
+            for at, bucket, offset, length in segments:
+                bucket.piece_of(self.rank).narrow(0, offset, length).copy_(
+                    chunk.data.narrow(0, at, length))
+
+    def after_optimizer_step(self):
+        """Publish every rank's updated piece to all ranks."""
+        gather_size = max(int(self.zero_config.allgather_bucket_size), 1)
+        for layout in self.layouts:
+            for bucket in layout.buckets:
+                if self.world_size == 1:
+                    continue
+                if not self.zero_config.allgather_partitions:
+                    for owner in range(self.world_size):
+                        dist.broadcast(bucket.piece_of(owner), src=self._global_rank(owner),
+                                       group=self.dp_group)
+                elif bucket.padded <= gather_size:
+                    dist.all_gather_into_tensor(bucket.buffer, bucket.piece_of(self.rank).clone(),
+                                                group=self.dp_group)
+                else:
+                    self._gather_in_chunks(bucket, max(gather_size // self.world_size, 1))
+
+    def _gather_in_chunks(self, bucket, per_rank):
+        for start in range(0, bucket.piece, per_rank):
+            length = min(per_rank, bucket.piece - start)
+            received = torch.empty(length * self.world_size, dtype=bucket.buffer.dtype,
+                                   device=bucket.buffer.device)
+            dist.all_gather_into_tensor(
+                received, bucket.piece_of(self.rank).narrow(0, start, length).clone(),
+                group=self.dp_group)
+            for owner in range(self.world_size):
+                bucket.piece_of(owner).narrow(0, start, length).copy_(
+                    received.narrow(0, owner * length, length))
+
+    def _global_rank(self, group_rank):
+        if self.dp_group is None:
+            return group_rank
+        return dist.get_global_rank(self.dp_group, group_rank)
+
+    def update_scale(self, overflow):
+        if self.loss_scaler is None:
+            return
+        attempted = self.loss_scaler.cur_scale
+        self.loss_scaler.update_scale(overflow)
+        if overflow and dist.get_rank() == 0:
+            log_overflow(0, attempted, self.loss_scaler.cur_scale)
+
+    def zero_grad(self, set_to_none=True):
+        for grads in self.grad_partitions:
+            grads.zero_()
+        for chunk in self.all_chunks:
+            chunk.grad = None
+        for param in self._all_params:
+            param.grad = None
+
+    # ------------------------------------------------------------------ NVMe helpers
+    def _swap_in(self, chunk):
+        if self.swapper is not None:
+            self.swapper.swap_in(chunk)
+
+    def _swap_out(self, chunk):
+        if self.swapper is not None:
+            self.swapper.swap_out(chunk)
+
+    def destroy(self):
+        self.reducer.detach_hooks()
+        if self.swapper is not None:
+            self.swapper.close()
