@@ -179,7 +179,7 @@ def plugin_report(warnings):
         return lines + [f"  {name} ({spec.distribution} {spec.version})"
                         for name, spec in specs.items()]
     for name, spec in specs.items():
-        keys = ", ".join(catalog.sections_of(name)) or "(no config section)"
+        keys = catalog.switches_of(name) or "(no config section)"
         lines.append(_dots(f"  {name} [{spec.distribution} {spec.version}]",
                            f"enabled by: {keys}"))
     return lines

@@ -33,10 +33,12 @@ class DeepSpeedPlugin:
 
     Subclasses set ``config_sections`` (key -> ``DeepSpeedConfigModel``), optionally
     ``requires`` / ``excludes`` (plugin names) and override ``is_enabled`` when presence of the
-    section is not the right switch (e.g. ZeRO is off at ``stage: 0``).
+    section is not the right switch (e.g. ZeRO is off at ``stage: 0``), saying so in
+    ``enabled_by`` for ``ds_report``.
     """
 
     config_sections = {}
+    enabled_by = None
     requires = ()
     excludes = ()
 
@@ -127,6 +129,12 @@ class PluginCatalog:
 
     def sections_of(self, name):
         return [key for key, owner in self.owners.items() if owner == name]
+
+    def switches_of(self, name):
+        """What turns plugin ``name`` on, for ``ds_report``: its ``enabled_by`` text when it
+        has one (a section it owns may only configure it), else its sections."""
+        text = getattr(self.plugins.get(name), "enabled_by", None)
+        return text or ", ".join(self.sections_of(name))
 
     def enabled_names(self, config):
         enabled = []

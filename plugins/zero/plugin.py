@@ -70,6 +70,7 @@ def _nvme_swapper_factory(engine, zero_config, aio_config):
 
 class ZeroPlugin(DeepSpeedPlugin):
     config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig}
+    enabled_by = "zero_optimization.stage > 0"
 
     def is_enabled(self, config, sections):
         return config.zero_optimization_stage > 0

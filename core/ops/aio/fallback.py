@@ -91,7 +91,8 @@ class _Op:
 
 
 def _bytes_view(t):
-    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+    # reshape(-1): a 0-dim tensor (a scalar optimizer state) has no byte view of its own
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
 
 
 class aio_handle:

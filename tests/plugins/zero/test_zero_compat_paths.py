@@ -1,0 +1,55 @@
+"""Upstream's ZeRO import paths (docs, HF integration) reach the zero plugin's real homes, and
+the plugin is found the way every plugin is: through its entry point."""
+import importlib
+
+import pytest
+
+PATHS = [
+    ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig", "deepspeed.zero.config"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum", "deepspeed.zero.config"),
+    ("deepspeed.runtime.zero.offload_config", "OffloadDeviceEnum", "deepspeed.zero.offload_config"),
+    ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadOptimizerConfig",
+     "deepspeed.zero.offload_config"),
+    ("deepspeed.runtime.zero.stage_1_and_2", "DeepSpeedZeroOptimizer",
+     "deepspeed.zero.stage_1_and_2"),
+    ("deepspeed.runtime.zero.stage_1_and_2", "estimate_zero2_model_states_mem_needs_all_live",
+     "deepspeed.zero.estimators"),
+    ("deepspeed.runtime.zero.stage_1_and_2", "estimate_zero2_model_states_mem_needs_all_cold",
+     "deepspeed.zero.estimators"),
+    ("deepspeed.runtime.zero.stage3", "estimate_zero3_model_states_mem_needs_all_live",
+     "deepspeed.zero.estimators"),
+    ("deepspeed.runtime.zero.stage3", "estimate_zero3_model_states_mem_needs_all_cold",
+     "deepspeed.zero.estimators"),
+    ("deepspeed.zero", "DeepSpeedZeroOptimizer", "deepspeed.zero.stage_1_and_2"),
+]
+
+
+@pytest.mark.parametrize("path,name,home", PATHS)
+def test_upstream_path(path, name, home):
+    assert getattr(importlib.import_module(path), name) is \
+        getattr(importlib.import_module(home), name)
+
+
+def test_zero_plugin_is_installed_through_its_entry_point():
+    from deepspeed.plugin_manager import PluginCatalog, installed_plugins
+
+    assert installed_plugins()["zero"].value == "deepspeed.zero.plugin:ZeroPlugin"
+    catalog = PluginCatalog()
+    assert catalog.sections_of("zero") == ["zero_optimization", "aio"]
+
+
+@pytest.mark.parametrize("raw,enabled", [
+    ({"zero_optimization": {"stage": 2}}, True),
+    ({"zero_optimization": {"stage": 0}}, False),
+    ({"zero_optimization": True}, True),  # the legacy boolean form means stage 1
+    ({"aio": {"block_size": 4096}}, False),
+    ({}, False),
+])
+def test_enabled_by_a_nonzero_stage(raw, enabled):
+    from deepspeed.config import DeepSpeedConfig
+    from deepspeed.plugin_manager import PluginCatalog
+
+    catalog = PluginCatalog()
+    config = DeepSpeedConfig(dict(raw, train_batch_size=2), sections=catalog.sections,
+                             world_size=1)
+    assert ("zero" in catalog.enabled_names(config)) is enabled
