@@ -29,7 +29,7 @@ class UnusedParameterError(RuntimeError):
 class GradientReducer:
 
     def __init__(self, layouts, grad_partitions, *, config, zero_config, group, rank, world_size,
-                 param_names):
+                 param_names, after_grad_taken=None):
         self.layouts = layouts
         self.buckets = [b for layout in layouts for b in layout.buckets]
         self.grad_partitions = grad_partitions  # per group: fp32 flat tensor (rank's partition)
@@ -41,6 +41,7 @@ class GradientReducer:
         self.use_reduce_scatter = bool(zero_config.reduce_scatter)
         self.ignore_unused = bool(zero_config.ignore_unused_parameters)
         self.param_names = param_names
+        self.after_grad_taken = after_grad_taken  # ZeRO-3: release the gathered parameter
         self._where = {}  # id(param) -> (bucket index, offset in bucket)
         for index, bucket in enumerate(self.buckets):
             for param, offset in zip(bucket.params, bucket.offsets):
@@ -68,8 +69,11 @@ class GradientReducer:
 
     def _grad_ready(self, param):
         index, offset = self._where[id(param)]
-        self._input(index).narrow(0, offset, param.numel()).copy_(param.grad.reshape(-1))
+        grad = param.grad.reshape(-1)
+        self._input(index).narrow(0, offset, grad.numel()).copy_(grad)
         param.grad = None  # stage 2 keeps only the partition: the full gradient goes now
+        if self.after_grad_taken is not None:
+            self.after_grad_taken(param)
         self._seen.add(id(param))
         self._ready[index] += 1
         self._launch_ready()
@@ -77,9 +81,8 @@ class GradientReducer:
     def _input(self, index):
         if self._inputs[index] is None:
             bucket = self.buckets[index]
-            dtype = communication_dtype(self.config, bucket.buffer.dtype)
-            self._inputs[index] = torch.zeros(bucket.padded, dtype=dtype,
-                                              device=bucket.buffer.device)
+            dtype = communication_dtype(self.config, bucket.dtype)
+            self._inputs[index] = torch.zeros(bucket.padded, dtype=dtype, device=bucket.device)
         return self._inputs[index]
 
     def _launch_ready(self):

@@ -40,6 +40,35 @@ class Bucket:
     def piece_of(self, rank):
         return self.buffer.narrow(0, rank * self.piece, self.piece)
 
+    @property
+    def dtype(self):
+        return self.buffer.dtype
+
+    @property
+    def device(self):
+        return self.buffer.device
+
+
+@dataclass
+class ShardBucket(Bucket):
+    """ZeRO-3: one partitioned parameter, whose only resident piece is this rank's
+    ``ds_tensor`` (the full buffer exists only while gathered)."""
+
+    owner: int = 0
+
+    def piece_of(self, rank):
+        if rank != self.owner:
+            raise ValueError(f"ZeRO-3 rank {self.owner} holds only its own shard, not rank {rank}'s")
+        return self.params[0].ds_tensor
+
+    @property
+    def dtype(self):
+        return self.params[0].ds_tensor.dtype
+
+    @property
+    def device(self):
+        return self.params[0].data.device
+
 
 @dataclass
 class GroupLayout:
@@ -97,11 +126,28 @@ def build_layout(param_groups, world_size, bucket_size):
     return layouts
 
 
+def build_shard_layout(param_groups, world_size, rank):
+    """ZeRO-3's layout: every (already partitioned) parameter is a bucket of its own whose
+    piece for ``rank`` is its ``ds_tensor``; same bookkeeping, so checkpoints and re-cutting
+    work unchanged."""
+    layouts = []
+    for index, params in enumerate(param_groups):
+        buckets, partition_offset = [], 0
+        for param in reversed(params):
+            shard = param.ds_tensor.numel()
+            buckets.append(ShardBucket(index, [param], [0], param.ds_numel, shard * world_size,
+                                       shard, partition_offset, owner=rank))
+            partition_offset += shard
+        layouts.append(GroupLayout(buckets, partition_offset))
+    return layouts
+
+
 def describe(layouts, param_names):
     """The layout as plain data for checkpoints: per group, per bucket, the parameter names and
     sizes and the padded length. Enough to rebuild every parameter from all ranks' partitions."""
     return [[{"params": [param_names[id(p)] for p in b.params],
-              "numels": [p.numel() for p in b.params], "padded": b.padded}
+              "numels": [getattr(p, "ds_numel", None) or p.numel() for p in b.params],
+              "padded": b.padded}
              for b in layout.buckets] for layout in layouts]
 
 

@@ -4,6 +4,8 @@ Enabled by ``zero_optimization.stage`` > 0. It replaces the engine's optimizer w
 ``DeepSpeedZeroOptimizer`` (which is also the precision policy), the core all-reduce with its
 bucketed reduce-scatter, and the optimizer part of checkpoints with per-rank partition files.
 """
+import torch
+
 from deepspeed.hooks import hookimpl
 from deepspeed.optimizers import is_zero_supported_optimizer
 from deepspeed.plugin_manager import DeepSpeedPlugin
@@ -51,6 +53,34 @@ def check_optimizer(config, zero_config, optimizer):
                 f"\"zero_force_ds_cpu_optimizer\": false to use {name} anyway")
 
 
+def setup_stage3(engine, zero_config):
+    """Partition the engine's model (what ``zero.Init`` did not already) and install the
+    gather/release hooks."""
+    from deepspeed.zero.partition_parameters import Partitioner, is_zero_param, partition_module
+    from deepspeed.zero.stage3 import ParameterCoordinator
+
+    offload = zero_config.offload_param
+    remote = offload.device.value if offload is not None and offload.device.value != "none" \
+        else None
+    if remote == "nvme":
+        raise NotImplementedError("zero_optimization.offload_param.device 'nvme' is not "
+                                  "available in this build yet; use 'cpu'")
+    partitioner = Partitioner(engine.dp_group, remote_device=remote,
+                              pin_memory=bool(offload.pin_memory) if offload else False,
+                              persistence_threshold=zero_config.param_persistence_threshold,
+                              model_persistence_threshold=zero_config.model_persistence_threshold)
+    partition_module(engine.module, partitioner)
+    for param in engine.module.parameters():
+        if not is_zero_param(param):
+            continue
+        # the engine may have cast or moved the placeholders after zero.Init built them
+        target = torch.device("cpu") if remote else param.data.device
+        if param.ds_tensor.dtype != param.dtype or param.ds_tensor.device != target:
+            param.ds_tensor = param.ds_tensor.to(device=target, dtype=param.dtype)
+    return ParameterCoordinator(engine.module, zero_config.prefetch_bucket_size,
+                                zero_config.max_live_parameters).install()
+
+
 def _nvme_swapper_factory(engine, zero_config, aio_config):
     from deepspeed.zero.offload.nvme import OptimizerStateSwapper, validate_nvme_path
 
@@ -88,11 +118,19 @@ class ZeroPlugin(DeepSpeedPlugin):
         if config.amp_enabled:
             raise ValueError("Amp and ZeRO are not currently compatible: remove the 'amp' "
                              "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
-        stage = config.zero_optimization_stage
-        if stage >= 3:
-            raise NotImplementedError(
-                "zero_optimization.stage 3 (parameter partitioning) is not available in this "
-                "build yet; use stage 1 or 2")
+        self.coordinator = None
+        if config.zero_optimization_stage >= 3:
+            self.coordinator = setup_stage3(engine, self._zero_config(config))
+
+    @hookimpl
+    def deepspeed_after_forward(self, engine):
+        if self.coordinator is not None:
+            self.coordinator.end_of_forward()
+
+    @hookimpl
+    def deepspeed_after_backward(self, engine):
+        if self.coordinator is not None:
+            self.coordinator.end_of_backward()
 
     @hookimpl
     def deepspeed_wrap_optimizer(self, engine, optimizer):
@@ -140,7 +178,9 @@ class ZeroPlugin(DeepSpeedPlugin):
         from collections import OrderedDict
 
         names = optimizer.param_names
-        state["param_shapes"] = [OrderedDict((names[id(p)], p.shape) for p in params)
+        state["param_shapes"] = [OrderedDict((names[id(p)], torch.Size(getattr(p, "ds_shape",
+                                                                                p.shape)))
+                                             for p in params)
                                  for params in optimizer.partitioned_params]
 
     @hookimpl

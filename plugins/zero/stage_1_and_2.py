@@ -1,5 +1,6 @@
 """ZeRO stages 1 and 2: fp32 master weights, optimizer state and (stage 2) gradients partitioned
-across the data-parallel ranks.
+across the data-parallel ranks; and the optimizer half of stage 3, whose parameters arrive
+already sharded (``deepspeed.zero.partition_parameters``) and are treated as one bucket each.
 
 Per step, on every rank:
 
@@ -24,7 +25,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
 from deepspeed.zero.gradient_reduction import GradientReducer
-from deepspeed.zero.partition import build_layout
+from deepspeed.zero.partition import build_layout, build_shard_layout
 
 
 class DeepSpeedZeroOptimizer:
@@ -53,10 +54,16 @@ class DeepSpeedZeroOptimizer:
                 logger.warning("the optimizer passed to ZeRO already holds state; it is reset "
                                "(partitions start a fresh optimizer state)")
             groups.append(trainable)
-        self.layouts = build_layout(groups, self.world_size, zero_config.reduce_bucket_size)
+        if self.stage >= 3:  # parameters are already sharded: one bucket per parameter
+            self.layouts = build_shard_layout(groups, self.world_size, self.rank)
+        else:
+            self.layouts = build_layout(groups, self.world_size, zero_config.reduce_bucket_size)
         self.partitioned_params = [layout.params for layout in self.layouts]
+        for params in self.partitioned_params:
+            for param in params:
+                param._ds_optimizer = self  # for deepspeed.utils.safe_get_full_* and friends
 
-        device = next((b.buffer.device for layout in self.layouts for b in layout.buckets),
+        device = next((b.device for layout in self.layouts for b in layout.buckets),
                       torch.device(get_accelerator().current_device_name()))
         self.master_device = torch.device(offload_device) if offload_device else device
         pin = bool(getattr(zero_config.offload_optimizer, "pin_memory", False))
@@ -82,9 +89,14 @@ class DeepSpeedZeroOptimizer:
                 self._chunk_starts[id(chunk)] = (group, start)
                 start += chunk.numel()
 
+        release = None
+        if self.stage >= 3:
+            def release(param):
+                param.ds_partitioner.release([param])
         self.reducer = GradientReducer(self.layouts, self.grad_partitions, config=config,
                                        zero_config=zero_config, group=dp_group, rank=self.rank,
-                                       world_size=self.world_size, param_names=self.param_names)
+                                       world_size=self.world_size, param_names=self.param_names,
+                                       after_grad_taken=release)
         if self.stage >= 2:
             self.reducer.attach_hooks()
         self.swapper = nvme_swapper(optimizer) if nvme_swapper is not None else None
@@ -261,7 +273,14 @@ class DeepSpeedZeroOptimizer:
                     chunk.data.narrow(0, at, length))
 
     def after_optimizer_step(self):
-        """Publish every rank's updated piece to all ranks."""
+        """Publish every rank's updated piece to all ranks (ZeRO-3: only the persistent
+        parameters are whole between steps; the rest are gathered when next used)."""
+        if self.stage >= 3:
+            persistent = [p for params in self.partitioned_params for p in params if p.ds_persist]
+            for param in persistent:
+                param.ds_partitioner.release([param], force=True)
+                param.ds_partitioner.gather([param])
+            return
         gather_size = max(int(self.zero_config.allgather_bucket_size), 1)
         for layout in self.layouts:
             for bucket in layout.buckets:

@@ -95,4 +95,17 @@ def train(engine, steps, gas, first_step=0):
             loss = torch.nn.functional.mse_loss(engine(xb.to(dtype)).float(), yb)
             engine.backward(loss)
             engine.step()
-    return {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
+    return full_params(engine.module)
+
+
+def full_params(module):
+    """Every parameter whole, as fp32 copies (ZeRO-3 shards are gathered for the copy)."""
+    out = {}
+    for name, param in module.named_parameters():
+        if hasattr(param, "ds_id"):
+            param.all_gather()
+            out[name] = param.detach().float().clone()
+            param.partition()
+        else:
+            out[name] = param.detach().float().clone()
+    return out

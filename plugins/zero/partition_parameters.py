@@ -1,0 +1,366 @@
+"""ZeRO-3 parameters: each rank keeps a 1/N shard of every parameter; the full tensor exists only
+while something needs it.
+
+A partitioned parameter keeps its identity (optimizers, hooks and ``named_parameters`` still see
+the same ``torch.nn.Parameter``) and gains upstream's attributes:
+
+    ds_id       a process-wide counter           ds_numel / ds_shape   the full size and shape
+    ds_tensor   this rank's shard (ceil(numel/N) elements, the last one zero-padded)
+    ds_status   NOT_AVAILABLE | INFLIGHT | AVAILABLE
+    ds_persist  small parameters stay whole on every rank (``param_persistence_threshold``)
+
+Outside a gather its ``.data`` is an empty placeholder (``numel() == 0``, as in current
+upstream). ``gather`` all-gathers shards into a full buffer and points ``.data`` at it;
+``release`` drops the buffer again. Both also exist as methods on the parameter
+(``param.all_gather()``, ``param.partition()``) for code written against upstream.
+
+``Init`` (``deepspeed.zero.Init``) partitions every module's parameters as soon as that
+module's ``__init__`` returns, so a model larger than one process's memory can be built:
+at most one module is whole at a time, and rank 0's initial values are what every rank keeps.
+"""
+import functools
+import itertools
+import types
+from enum import Enum
+
+import torch
+
+from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
+
+
+class ZeroParamStatus(Enum):
+    AVAILABLE = 1  # full data present
+    NOT_AVAILABLE = 2  # only the shard
+    INFLIGHT = 3  # an all-gather is running
+
+
+_ids = itertools.count()
+
+
+def is_zero_param(tensor):
+    return hasattr(tensor, "ds_id")
+
+
+def _placeholder(param, device=None):
+    return torch.empty(0, dtype=param.dtype, device=device or param.device)
+
+
+class Partitioner:
+    """Shards, gathers and releases parameters over one data-parallel group."""
+
+    def __init__(self, group=None, remote_device=None, pin_memory=False,
+                 persistence_threshold=0, model_persistence_threshold=None):
+        self.group = group
+        self.world_size = dist.get_world_size(group=group)
+        self.rank = dist.get_rank(group=group)
+        self.remote_device = remote_device  # "cpu": shards live on the host (offload_param)
+        self.pin_memory = pin_memory
+        self.persistence_threshold = int(persistence_threshold or 0)
+        self.persistence_budget = (None if model_persistence_threshold is None
+                                   else int(model_persistence_threshold))
+        self.persisted_numel = 0
+
+    # ------------------------------------------------------------------ partition
+    def shard_numel(self, numel):
+        return -(-max(numel, 1) // self.world_size)
+
+    def partition(self, param, source_rank=0):
+        """Make ``param`` (whole on every rank, or at least on ``source_rank``) partitioned."""
+        if is_zero_param(param):
+            return param
+        with torch.no_grad():
+            full = param.data
+            if self.world_size > 1 and source_rank is not None:
+                full = full.contiguous()
+                dist.broadcast(full, src=self._global(source_rank), group=self.group)
+            shard = self.shard_numel(full.numel())
+            flat = torch.zeros(shard * self.world_size, dtype=full.dtype, device=full.device)
+            flat.narrow(0, 0, full.numel()).copy_(full.reshape(-1))
+            piece = flat.narrow(0, self.rank * shard, shard).clone()
+        param.ds_id = next(_ids)
+        param.ds_numel = full.numel()
+        param.ds_shape = tuple(full.shape)
+        param.ds_tensor = self._place(piece)
+        param.ds_process_group = self.group
+        param.ds_partitioner = self
+        param.ds_persist = self._persists(param)
+        param.ds_external_users = 0
+        _add_methods(param)
+        if param.ds_persist:
+            param.data = full.reshape(param.ds_shape)
+            param.ds_status = ZeroParamStatus.AVAILABLE
+        else:
+            param.data = _placeholder(param, full.device)
+            param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+        return param
+
+    def _persists(self, param):
+        if param.ds_numel >= self.persistence_threshold:
+            return False
+        if (self.persistence_budget is not None
+                and self.persisted_numel + param.ds_numel > self.persistence_budget):
+            return False
+        self.persisted_numel += param.ds_numel
+        return True
+
+    def _place(self, shard):
+        if self.remote_device in ("cpu", "nvme"):
+            shard = shard.to("cpu")
+            if self.pin_memory:
+                shard = get_accelerator().pin_memory(shard)
+        return shard
+
+    def _global(self, group_rank):
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    # ------------------------------------------------------------------ gather / release
+    def gather(self, params, async_op=False):
+        """Make ``params`` whole. With ``async_op`` the all-gathers are only started;
+        ``wait(params)`` (or a later ``gather``) finishes them."""
+        started = []
+        for param in params:
+            if param.ds_status is not ZeroParamStatus.NOT_AVAILABLE:
+                continue
+            device = _compute_device(param)
+            shard = param.ds_tensor.to(device, non_blocking=True)
+            full = torch.empty(shard.numel() * self.world_size, dtype=shard.dtype, device=device)
+            if self.world_size == 1:
+                full.copy_(shard)
+                work = None
+            else:
+                work = dist.all_gather_into_tensor(full, shard, group=self.group,
+                                                   async_op=async_op)
+            param.ds_status = ZeroParamStatus.INFLIGHT
+            param._ds_gather = (work, full, shard)
+            started.append(param)
+        if not async_op:
+            self.wait(started)
+
+    def wait(self, params):
+        for param in params:
+            if param.ds_status is not ZeroParamStatus.INFLIGHT:
+                continue
+            work, full, _shard = param._ds_gather
+            if work is not None and hasattr(work, "wait"):
+                work.wait()
+            param.data = full.narrow(0, 0, param.ds_numel).view(param.ds_shape)
+            param._ds_gather = None
+            param.ds_status = ZeroParamStatus.AVAILABLE
+
+    def release(self, params, force=False):
+        """Drop the full data of ``params`` (persistent ones stay, unless ``force``)."""
+        for param in params:
+            if param.ds_status is ZeroParamStatus.INFLIGHT:
+                self.wait([param])
+            if param.ds_persist and not force:
+                continue
+            if param.ds_status is ZeroParamStatus.AVAILABLE:
+                param.data = _placeholder(param)
+                param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+    def write_shard_from_full(self, param):
+        """After ``param.data`` (whole) was modified: take this rank's shard from it."""
+        shard = param.ds_tensor.numel()
+        flat = param.data.reshape(-1)
+        start = self.rank * shard
+        piece = param.ds_tensor
+        piece.zero_()
+        length = max(0, min(shard, param.ds_numel - start))
+        if length:
+            piece.narrow(0, 0, length).copy_(flat.narrow(0, start, length))
+
+
+def _compute_device(param):
+    """Where the full parameter lives while gathered: the placeholder's device (the model's
+    device), even when the shard sits on the host."""
+    return param.data.device
+
+
+def _add_methods(param):
+    """Upstream's per-parameter conveniences."""
+    def all_gather(self, param_list=None, async_op=False, hierarchy=0):
+        self.ds_partitioner.gather(param_list or [self], async_op=async_op)
+
+    def partition(self, param_list=None, hierarchy=0, has_been_updated=False):
+        for p in (param_list or [self]):
+            if has_been_updated:
+                p.ds_partitioner.write_shard_from_full(p)
+            p.ds_partitioner.release([p])  # persistent parameters stay whole
+
+    def partition_numel(self):
+        return self.ds_tensor.numel()
+
+    def padding_size(self):
+        return self.ds_tensor.numel() * self.ds_partitioner.world_size - self.ds_numel
+
+    def ds_summary(self):
+        return {"id": self.ds_id, "status": self.ds_status.name, "numel": self.ds_numel,
+                "ds_numel": self.ds_numel, "shape": self.ds_shape, "ds_shape": self.ds_shape,
+                "requires_grad": self.requires_grad, "persist": self.ds_persist,
+                "partition_numel": self.ds_tensor.numel()}
+
+    for fn in (all_gather, partition, partition_numel, padding_size, ds_summary):
+        setattr(param, fn.__name__, types.MethodType(fn, param))
+
+
+# ---------------------------------------------------------------------- zero.Init
+class Init:
+    """Partition parameters as modules are constructed (context manager or decorator).
+
+    ``remote_device`` "cpu"/"nvme" keeps shards on the host; ``dtype`` casts floating-point
+    parameters before partitioning (default: the config's bf16/fp16 setting, else unchanged);
+    ``config_dict_or_path`` supplies ``zero_optimization`` thresholds; ``enabled=False`` makes
+    it a no-op. ``mem_efficient_linear`` is accepted for compatibility (torch's Linear already
+    saves only what backward needs)."""
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True,
+                 remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
+                 enabled=True, dtype=None, mpu=None, zero_param_parallel_group=None,
+                 zero_quantized_weights=False, zero_quantized_nontrainable_weights=False,
+                 sequence_data_parallel_group=None, param_swapper=None):
+        self.enabled = enabled
+        self.mem_efficient_linear = mem_efficient_linear
+        self.dtype = dtype
+        self._patched = []
+        if not enabled:
+            return
+        if not dist.is_initialized():
+            dist.init_distributed()
+        group = data_parallel_group
+        if group is None and mpu is not None:
+            group = mpu.get_data_parallel_group()
+        zero = _zero_section(config_dict_or_path if config_dict_or_path is not None else config)
+        if self.dtype is None and zero is not None:
+            self.dtype = zero["dtype"]
+        threshold = zero["param_persistence_threshold"] if zero else 0
+        budget = zero["model_persistence_threshold"] if zero else None
+        if remote_device is None and zero and zero["offload_device"] in ("cpu", "nvme"):
+            remote_device = zero["offload_device"]
+        self.partitioner = Partitioner(group, remote_device=remote_device, pin_memory=pin_memory,
+                                       persistence_threshold=threshold,
+                                       model_persistence_threshold=budget)
+        if module is not None:  # upstream also accepts an already-built module
+            partition_module(module, self.partitioner, self.dtype)
+
+    def __enter__(self):
+        if self.enabled:
+            self._patch()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._unpatch()
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+        return wrapped
+
+    def _patch(self):
+        """Wrap ``__init__`` of every Module subclass (existing, and defined inside the
+        context) so each constructed module partitions its own parameters when done."""
+        for cls in _all_subclasses(torch.nn.Module) | {torch.nn.Module}:
+            self._wrap_init(cls)
+        init = self
+
+        def __init_subclass__(cls, **kwargs):
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            init._wrap_init(cls)
+
+        self._own_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+        torch.nn.Module.__init_subclass__ = classmethod(__init_subclass__)
+
+    def _wrap_init(self, cls):
+        if "__init__" not in cls.__dict__:
+            return
+        original = cls.__dict__["__init__"]
+        if getattr(original, "_ds_zero_init", False):
+            return
+        partitioner, dtype = self.partitioner, self.dtype
+
+        @functools.wraps(original)
+        def __init__(module, *args, **kwargs):
+            original(module, *args, **kwargs)
+            # only the outermost __init__ of this object partitions (subclasses call super)
+            if _outermost_init(module, cls):
+                partition_module(module, partitioner, dtype, recurse=False)
+
+        __init__._ds_zero_init = True
+        cls.__init__ = __init__
+        self._patched.append((cls, "__init__", original, False))
+
+    def _unpatch(self):
+        for cls, name, original, _ in reversed(self._patched):
+            setattr(cls, name, original)
+        self._patched = []
+        if self._own_init_subclass is None:
+            del torch.nn.Module.__init_subclass__
+        else:
+            torch.nn.Module.__init_subclass__ = self._own_init_subclass
+
+
+def _outermost_init(module, cls):
+    """True when ``cls`` is the most derived class of ``module`` defining ``__init__``: that
+    call returns last, after every parameter of this module was created and initialised."""
+    for klass in type(module).__mro__:
+        if "__init__" in klass.__dict__:
+            return klass is cls
+    return False
+
+
+def _all_subclasses(cls):
+    seen = set()
+    stack = [cls]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                stack.append(sub)
+    return seen
+
+
+def partition_module(module, partitioner, dtype=None, recurse=True):
+    """Partition the parameters of ``module`` (its own only, unless ``recurse``)."""
+    for param in module.parameters(recurse=recurse):
+        if is_zero_param(param):
+            continue
+        if dtype is not None and param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+        partitioner.partition(param)
+    return module
+
+
+def _zero_section(source):
+    """The few ``zero_optimization`` values ``Init`` needs, from a config dict / path."""
+    if source is None:
+        return None
+    from deepspeed.config import load_config_source
+
+    raw = source.raw if hasattr(source, "raw") else load_config_source(source)
+    zero = raw.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        zero = {}
+    dtype = None
+    if (raw.get("bf16") or raw.get("bfloat16") or {}).get("enabled"):
+        dtype = torch.bfloat16
+    elif (raw.get("fp16") or {}).get("enabled"):
+        dtype = torch.float16
+
+    def number(key, alias, default):
+        value = zero.get(key, zero.get(alias, default))
+        return default if value == "auto" else int(value)
+
+    offload = zero.get("offload_param") or {}
+    return {"dtype": dtype,
+            "param_persistence_threshold": number("param_persistence_threshold",
+                                                  "stage3_param_persistence_threshold", 100_000),
+            "model_persistence_threshold": number("model_persistence_threshold",
+                                                  "stage3_model_persistence_threshold", None)
+            if zero.get("model_persistence_threshold",
+                        zero.get("stage3_model_persistence_threshold")) is not None else None,
+            "offload_device": str(offload.get("device", "none")).lower()}
+

@@ -1,0 +1,196 @@
+"""ZeRO-3 at run time: gather a module's parameters just before it runs, release them after.
+
+Forward: a pre-hook on every module gathers its own parameters (and those registered with
+``register_external_parameter``), a post-hook releases them. The order modules ran in during
+the first forward is recorded; later forwards use it to start the all-gathers of the next
+modules early (asynchronously, at most ``stage3_prefetch_bucket_size`` elements ahead and
+``stage3_max_live_parameters`` gathered in total), so communication overlaps compute.
+
+Backward: the post-hook wraps the module's outputs in an identity autograd function whose
+backward gathers the module's parameters again before the module's own backward runs; each
+trainable parameter is released as soon as its gradient has been taken by the reducer
+(``gradient_reduction``), anything else at the end of backward.
+"""
+import torch
+
+from deepspeed.zero.partition_parameters import ZeroParamStatus, is_zero_param
+
+EXTERNAL_PARAMS = "_ds_external_params"
+
+
+class _GatherBeforeBackward(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, gather, *tensors):
+        ctx.gather = gather
+        out = tuple(t.detach() for t in tensors)
+        return out if len(out) > 1 else out[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.gather()
+        return (None, *grads)
+
+
+def _wrap_outputs(output, gather):
+    """``output`` with its grad-requiring tensors routed through ``_GatherBeforeBackward``
+    (nested lists, tuples and dicts, including HF ``ModelOutput``s, keep their type)."""
+    found = []
+
+    def collect(value):
+        if torch.is_tensor(value):
+            if value.requires_grad:
+                found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+
+    collect(output)
+    if not found:
+        return output
+    wrapped = _GatherBeforeBackward.apply(gather, *found)
+    wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
+    mapping = {id(t): w for t, w in zip(found, wrapped)}
+
+    def rebuild(value):
+        if torch.is_tensor(value):
+            return mapping.get(id(value), value)
+        if isinstance(value, dict):
+            rebuilt = {k: rebuild(v) for k, v in value.items()}
+            try:
+                out = type(value)(**rebuilt) if hasattr(value, "to_tuple") else type(value)(rebuilt)
+            except TypeError:
+                out = rebuilt
+            return out
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+            return type(value)(*(rebuild(v) for v in value))
+        if isinstance(value, (list, tuple)):
+            return type(value)(rebuild(v) for v in value)
+        return value
+
+    return rebuild(output)
+
+
+def register_external_parameter(module, parameter):
+    """Declare that ``module``'s forward uses ``parameter`` although another module owns it,
+    so it is gathered for ``module`` too."""
+    if not isinstance(parameter, torch.nn.Parameter):
+        raise TypeError(f"register_external_parameter needs a torch.nn.Parameter, got "
+                        f"{type(parameter).__name__}")
+    registry = module.__dict__.setdefault(EXTERNAL_PARAMS, {})
+    registry[id(parameter)] = parameter
+
+
+def unregister_external_parameter(module, parameter):
+    registry = module.__dict__.get(EXTERNAL_PARAMS, {})
+    if id(parameter) not in registry:
+        raise ValueError(f"parameter {getattr(parameter, 'ds_id', '?')} is not registered as "
+                         f"external to {type(module).__name__}")
+    del registry[id(parameter)]
+
+
+def module_params(module):
+    """The partitioned parameters ``module`` needs whole to run its own forward."""
+    own = [p for p in module._parameters.values() if p is not None and is_zero_param(p)]
+    extra = [p for p in module.__dict__.get(EXTERNAL_PARAMS, {}).values() if is_zero_param(p)]
+    return own + extra
+
+
+class ParameterCoordinator:
+    """Installs and drives the gather/release hooks of one model."""
+
+    def __init__(self, module, prefetch_bucket_size=50_000_000, max_live_parameters=1_000_000_000):
+        self.module = module
+        self.prefetch_bucket_size = int(prefetch_bucket_size)
+        self.max_live_parameters = int(max_live_parameters)
+        self.trace = []  # modules in first-forward order
+        self.trace_complete = False
+        self._position = 0
+        self._handles = []
+        self.gathered_peak = 0  # most elements gathered at once (tests and tuning)
+
+    def install(self):
+        for module in self.module.modules():
+            self._handles.append(module.register_forward_pre_hook(self._pre_forward))
+            self._handles.append(module.register_forward_hook(self._post_forward))
+        return self
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # ------------------------------------------------------------------ hooks
+    def _pre_forward(self, module, args):
+        if not self.trace_complete:
+            self.trace.append(module)
+        else:
+            self._prefetch_after(module)
+        params = module_params(module)
+        for param in params:  # a parameter shared with an enclosing module stays whole
+            param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
+        self._gather(params)
+
+    def _post_forward(self, module, args, output):
+        params = module_params(module)
+        for param in params:
+            param.ds_active_sub_modules = max(getattr(param, "ds_active_sub_modules", 1) - 1, 0)
+        self._release([p for p in params if not p.ds_active_sub_modules])
+        if params and torch.is_grad_enabled():
+            return _wrap_outputs(output, lambda: self._gather(params))
+        return None
+
+    def end_of_forward(self):
+        """Called after each engine forward: the first one completes the trace."""
+        self.trace_complete = True
+        self._position = 0
+
+    def end_of_backward(self):
+        """Release whatever is still whole (frozen parameters gathered for backward, anything
+        a skipped hook left behind)."""
+        self._release([p for p in self.module.parameters() if is_zero_param(p)])
+
+    # ------------------------------------------------------------------ gather / release
+    def _gather(self, params):
+        by_partitioner = {}
+        for param in params:
+            by_partitioner.setdefault(id(param.ds_partitioner), (param.ds_partitioner, []))[1] \
+                .append(param)
+        for partitioner, group in by_partitioner.values():
+            partitioner.gather(group)
+            partitioner.wait(group)
+        self.gathered_peak = max(self.gathered_peak, self._live_numel())
+
+    def _release(self, params):
+        for param in params:
+            param.ds_partitioner.release([param])
+
+    def _live_numel(self):
+        return sum(p.ds_numel for p in self.module.parameters()
+                   if is_zero_param(p) and p.ds_status is not ZeroParamStatus.NOT_AVAILABLE
+                   and not p.ds_persist)
+
+    def _prefetch_after(self, module):
+        """Start gathering the parameters of the modules that ran after ``module`` last time."""
+        if self.prefetch_bucket_size <= 0:
+            return
+        try:
+            start = self.trace.index(module, self._position)
+        except ValueError:
+            return
+        self._position = start + 1
+        budget = self.prefetch_bucket_size
+        live = self._live_numel()
+        for upcoming in self.trace[start + 1:]:
+            todo = [p for p in module_params(upcoming)
+                    if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
+            size = sum(p.ds_numel for p in todo)
+            if size > budget or live + size > self.max_live_parameters:
+                break
+            for param in todo:
+                param.ds_partitioner.gather([param], async_op=True)
+            budget -= size
+            live += size
