@@ -1,6 +1,8 @@
-"""The contestants of ``engine_vs_ddp.py``: one training step of the same GPT three ways.
+"""The contestants of ``engine_vs_ddp.py`` and ``zero_bench.py``: one training step of the same GPT.
 
 - ``engine``: our ``DeepSpeedEngine`` at ZeRO stage 0 (``deepspeed.initialize``);
+- ``stage0`` / ``stage1`` / ``stage2`` / ``stage2_overlap`` / ``stage2_offload``: the same
+  engine with a ``zero_optimization`` section (``ZeroContestant``, used by ``zero_bench.py``);
 - ``DDP``: ``torch.nn.parallel.DistributedDataParallel`` + ``torch.optim.AdamW``, the target;
 - ``flat``: a hand-written loop doing what the core engine does (backward, then one all-reduce
   of all gradients flattened, then AdamW) with none of the engine around it. engine vs flat is
@@ -34,7 +36,8 @@ class Phases:
         self.totals = dict.fromkeys(self.NAMES, 0.0)
 
     def add(self, name, seconds):
-        self.totals[name] += seconds
+        """``name`` may be outside NAMES (ZeRO's all-gather): it starts at zero then."""
+        self.totals[name] = self.totals.get(name, 0.0) + seconds
 
 
 def timed(phases, name, fn):
@@ -48,6 +51,15 @@ def timed(phases, name, fn):
     return wrapper
 
 
+def tensor_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+def optimizer_state_bytes(optimizer):
+    """Bytes of every tensor in ``optimizer.state`` (Adam's moments, step counters)."""
+    return sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+
+
 class EngineContestant:
     name = "engine"
 
@@ -55,6 +67,13 @@ class EngineContestant:
         import deepspeed
 
         torch.manual_seed(0)
+        self.engine, _, _, _ = deepspeed.initialize(model=GPT(model_cfg),
+                                                    config=self.config(args))
+        optimizer = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
+        self.optimizer_name = f"{type(optimizer).__module__}.{type(optimizer).__name__}"
+        self.phases = None
+
+    def config(self, args):
         config = {
             "train_micro_batch_size_per_gpu": args.micro_batch,
             "gradient_accumulation_steps": 1,
@@ -65,10 +84,7 @@ class EngineContestant:
         }
         if args.engine_optimizer == "torch":
             config["optimizer"]["params"]["torch_adam"] = True
-        self.engine, _, _, _ = deepspeed.initialize(model=GPT(model_cfg), config=config)
-        optimizer = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
-        self.optimizer_name = f"{type(optimizer).__module__}.{type(optimizer).__name__}"
-        self.phases = None
+        return config
 
     def instrument(self, phases):
         """Time the engine's own phases by wrapping its methods on this instance only. The
@@ -105,6 +121,15 @@ class EngineContestant:
     def parameters(self):
         return list(self.engine.module.parameters())
 
+    def state_bytes(self):
+        """(fp32 master weights, optimizer state, gradient partition) bytes on this rank; at
+        stage 0 the model's own fp32 weights are the master copy."""
+        optimizer = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
+        return tensor_bytes(self.parameters()), optimizer_state_bytes(optimizer), 0
+
+    def destroy(self):
+        self.engine.destroy()
+
 
 class DDPContestant:
     name = "DDP"
@@ -137,6 +162,12 @@ class DDPContestant:
 
     def parameters(self):
         return list(self.model.module.parameters())
+
+    def state_bytes(self):
+        return tensor_bytes(self.parameters()), optimizer_state_bytes(self.optimizer), 0
+
+    def destroy(self):
+        pass
 
 
 class FlatAllreduceContestant:
@@ -178,5 +209,72 @@ class FlatAllreduceContestant:
     def parameters(self):
         return self.params
 
+    def state_bytes(self):
+        return tensor_bytes(self.params), optimizer_state_bytes(self.optimizer), 0
 
-CONTESTANTS = {c.name: c for c in (EngineContestant, DDPContestant, FlatAllreduceContestant)}
+    def destroy(self):
+        pass
+
+
+class ZeroContestant(EngineContestant):
+    """The engine with a ``zero_optimization`` section. Stages 0-2 step torch's AdamW
+    (``torch_adam: true``, DDP's optimizer, so the weights must match DDP); the CPU-offload
+    contestant steps the config's AdamW, which is DeepSpeedCPUAdam (offload refuses a torch
+    optimizer unless ``zero_force_ds_cpu_optimizer: false``)."""
+
+    stage, overlap_comm, offload, reduce_scatter = 0, False, False, True
+
+    def config(self, args):
+        config = super().config(args)
+        zero = {"stage": self.stage, "overlap_comm": self.overlap_comm,
+                "reduce_scatter": self.reduce_scatter}
+        if getattr(args, "reduce_bucket_size", None):
+            zero["reduce_bucket_size"] = args.reduce_bucket_size
+        if self.offload:
+            zero["offload_optimizer"] = {"device": "cpu"}
+            config["optimizer"]["params"].pop("torch_adam", None)
+        else:
+            config["optimizer"]["params"]["torch_adam"] = True
+        config["zero_optimization"] = zero
+        return config
+
+    def instrument(self, phases):
+        """Phases of a ZeRO step: ``allreduce`` is the bucket reduce-scatter (stage 2: the
+        launches and waits inside backward; stage 1: all of it, at the boundary), ``optimizer``
+        the basic optimizer on the partition, ``allgather`` publishing the updated pieces."""
+        if self.stage == 0:
+            return super().instrument(phases)
+        self.phases = phases
+        e, zero = self.engine, self.engine.optimizer
+        reducer = zero.reducer
+        wraps = [(e, "_clip_gradients", "grad_norm"), (zero.optimizer, "step", "optimizer"),
+                 (zero, "_write_back", "optimizer"), (zero, "after_optimizer_step", "allgather")]
+        if self.stage >= 2:
+            wraps += [(reducer, "_launch", "allreduce"), (reducer, "_complete", "allreduce")]
+        else:
+            wraps += [(reducer, "reduce_param_grads", "allreduce")]
+        for owner, method, phase in wraps:
+            setattr(owner, method, timed(phases, phase, getattr(owner, method)))
+
+    def state_bytes(self):
+        if self.stage == 0:
+            return super().state_bytes()
+        zero = self.engine.optimizer
+        return (tensor_bytes(zero.master_params()), optimizer_state_bytes(zero.optimizer),
+                tensor_bytes(zero.grad_partitions))
+
+
+def _zero(name, stage, overlap_comm=False, offload=False, reduce_scatter=True):
+    return type(f"Zero{name.title().replace('_', '')}Contestant", (ZeroContestant,),
+                {"name": name, "stage": stage, "overlap_comm": overlap_comm, "offload": offload,
+                 "reduce_scatter": reduce_scatter})
+
+
+# *_allreduce: "reduce_scatter": false, the documented alternative (all-reduce, keep one's piece)
+ZERO_CONTESTANTS = (_zero("stage0", 0), _zero("stage1", 1), _zero("stage2", 2),
+                    _zero("stage2_overlap", 2, overlap_comm=True),
+                    _zero("stage2_offload", 2, offload=True),
+                    _zero("stage1_allreduce", 1, reduce_scatter=False),
+                    _zero("stage2_allreduce", 2, reduce_scatter=False))
+CONTESTANTS = {c.name: c for c in (EngineContestant, DDPContestant, FlatAllreduceContestant,
+                                   *ZERO_CONTESTANTS)}

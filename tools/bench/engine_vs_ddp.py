@@ -35,8 +35,9 @@ from contestants import CONTESTANTS, Phases  # noqa: E402
 from gpt import GPTConfig, MarkovTokens  # noqa: E402  (the demo's model and data)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(description=__doc__.splitlines()[0]):
+    """The options every contestant run shares (``zero_bench.py`` adds its own to these)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     p.add_argument("--world_size", type=int, default=2, help="ranks to spawn when run directly")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
@@ -60,13 +61,22 @@ def parse_args(argv=None):
                         "to split engine-vs-DDP into engine overhead and reduction strategy")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each phase of the step (adds a few timer calls per step)")
-    args = p.parse_args(argv)
+    return p
+
+
+def check_args(p, args):
+    """Reject counts that make no sense, through ``p.error`` (exit 2 with the usage line)."""
     for name in ("world_size", "threads", "rounds", "steps", "micro_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
     return args
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    return check_args(p, p.parse_args(argv))
 
 
 # ----------------------------------------------------------------------------- one rank
@@ -149,7 +159,7 @@ def worker(args):
     batches = shard_batches(args, model_cfg, rank, world)
     names = ["engine", "DDP"] + (["flat"] if args.with_flat else [])
     contestants = [CONTESTANTS[n](args, model_cfg) for n in names]
-    engine, ddp = contestants[0], contestants[1]
+    engine = contestants[0]
     results = measure(args, contestants, batches)
     a = engine.parameters()
     if rank == 0:
