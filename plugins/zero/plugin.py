@@ -184,6 +184,20 @@ class ZeroPlugin(DeepSpeedPlugin):
                                  for params in optimizer.partitioned_params]
 
     @hookimpl
+    def deepspeed_save_16bit_model(self, engine, save_dir, save_filename,
+                                   exclude_frozen_parameters):
+        if self.coordinator is None:
+            return None  # stages 1/2: every rank holds the whole model, the core saves it
+        from deepspeed.zero.stage3 import save_16bit_state_dict
+
+        if not self._zero_config(engine.config).gather_16bit_weights_on_model_save:
+            logger.warning("save_16bit_model: nothing saved, because ZeRO-3 holds only weight "
+                           "shards; set zero_optimization.stage3_gather_16bit_weights_on_model_"
+                           "save: true to gather them, or use the checkpoint with zero_to_fp32")
+            return False
+        return save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters)
+
+    @hookimpl
     def deepspeed_load_optimizer_state(self, engine, checkpoint_dir, tag, state):
         from deepspeed.checkpoint.collective import data_parallel_rank, model_parallel_rank
         from deepspeed.zero.checkpointing import load_rank_file

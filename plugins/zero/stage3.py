@@ -74,6 +74,30 @@ def _wrap_outputs(output, gather):
     return rebuild(output)
 
 
+_ATTRIBUTE_WATCH = {}
+
+
+def _install_attribute_watch():
+    """Route ``module.<parameter>`` reads through a check for not-yet-gathered ZeRO-3
+    parameters (automatic external-parameter detection). ``nn.Module.__getattr__`` only runs
+    for parameters, buffers and submodules, so ordinary attribute reads cost nothing extra."""
+    if _ATTRIBUTE_WATCH:
+        return
+    original = torch.nn.Module.__getattr__
+
+    def __getattr__(self, name):
+        value = original(self, name)
+        if (type(value) is torch.nn.Parameter or isinstance(value, torch.nn.Parameter)) \
+                and getattr(value, "ds_status", None) is ZeroParamStatus.NOT_AVAILABLE:
+            coordinator = getattr(value, "ds_coordinator", None)
+            if coordinator is not None and coordinator._running:
+                coordinator.fetch_external(value)
+        return value
+
+    _ATTRIBUTE_WATCH["original"] = original
+    torch.nn.Module.__getattr__ = __getattr__
+
+
 def register_external_parameter(module, parameter):
     """Declare that ``module``'s forward uses ``parameter`` although another module owns it,
     so it is gathered for ``module`` too."""
@@ -110,12 +134,17 @@ class ParameterCoordinator:
         self.trace_complete = False
         self._position = 0
         self._handles = []
+        self._running = []  # modules inside their forward, innermost last
         self.gathered_peak = 0  # most elements gathered at once (tests and tuning)
 
     def install(self):
         for module in self.module.modules():
             self._handles.append(module.register_forward_pre_hook(self._pre_forward))
             self._handles.append(module.register_forward_hook(self._post_forward))
+        for param in self.module.parameters():
+            if is_zero_param(param):
+                param.ds_coordinator = self
+        _install_attribute_watch()
         return self
 
     def remove(self):
@@ -129,12 +158,15 @@ class ParameterCoordinator:
             self.trace.append(module)
         else:
             self._prefetch_after(module)
+        self._running.append(module)
         params = module_params(module)
         for param in params:  # a parameter shared with an enclosing module stays whole
             param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather(params)
 
     def _post_forward(self, module, args, output):
+        if self._running and self._running[-1] is module:
+            self._running.pop()
         params = module_params(module)
         for param in params:
             param.ds_active_sub_modules = max(getattr(param, "ds_active_sub_modules", 1) - 1, 0)
@@ -142,6 +174,16 @@ class ParameterCoordinator:
         if params and torch.is_grad_enabled():
             return _wrap_outputs(output, lambda: self._gather(params))
         return None
+
+    def fetch_external(self, param):
+        """``param`` was read as an attribute while a forward runs but is not gathered: it is
+        used outside its owner's forward (tied embeddings, ``compute_logits(x,
+        self.embed.weight)``). Gather it now and register it with the running module, so
+        that module gathers it up front next time and around its backward."""
+        module = self._running[-1]
+        register_external_parameter(module, param)
+        param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
+        self._gather([param])
 
     def end_of_forward(self):
         """Called after each engine forward: the first one completes the trace."""
@@ -194,3 +236,39 @@ class ParameterCoordinator:
                 param.ds_partitioner.gather([param], async_op=True)
             budget -= size
             live += size
+
+
+def save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters):
+    """Gather one parameter at a time (bounded memory) into a full state dict that global rank
+    0 writes atomically. Collective. Returns True."""
+    import os
+
+    from deepspeed import comm as dist
+    from deepspeed.checkpoint import atomic_torch_save
+    from deepspeed.checkpoint.collective import on_all_ranks
+
+    module = engine.module
+    writer = dist.get_rank() == 0
+    state = {}
+    frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if exclude_frozen_parameters and name in frozen:
+            continue
+        if is_zero_param(tensor):
+            was_whole = tensor.ds_status is ZeroParamStatus.AVAILABLE
+            tensor.ds_partitioner.gather([tensor])
+            if writer:
+                state[name] = tensor.detach().clone()
+            if not was_whole:
+                tensor.ds_partitioner.release([tensor])
+        elif writer:
+            state[name] = tensor.detach().clone()
+    path = os.path.join(os.fspath(save_dir), save_filename)
+
+    def write():
+        if writer:
+            os.makedirs(os.fspath(save_dir), exist_ok=True)
+            atomic_torch_save(state, path)
+
+    on_all_ranks(engine, f"saving the 16-bit model to '{path}'", write)
+    return True
