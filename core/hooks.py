@@ -164,6 +164,17 @@ def deepspeed_save_checkpoint(engine, save_dir, tag, checkpoint_dir, state,
 
 
 @hookspec(firstresult=True)
+def deepspeed_load_module_state(engine, state_dict, strict):
+    """Load the checkpoint's module weights yourself (first result wins), for plugins whose
+    module holds only shards (ZeRO-3).
+
+    Called on every rank by ``load_checkpoint`` with the saved ``module`` entry. Return the
+    ``(missing_keys, unexpected_keys)`` of the load (the core applies ``strict`` to them) or
+    None to let the core call ``engine.module.load_state_dict``.
+    """
+
+
+@hookspec(firstresult=True)
 def deepspeed_load_optimizer_state(engine, checkpoint_dir, tag, state):
     """Restore the optimizer state yourself instead of the core (first result wins).
 

@@ -23,16 +23,19 @@ def _load_module(engine, state, strict, custom_load_fn):
         custom_load_fn(src=weights, dst=engine.module)
         return
     module = engine.module
-    result = module.load_state_dict(weights, strict=False)
+    handled = engine.hook.deepspeed_load_module_state(engine=engine, state_dict=weights,
+                                                      strict=strict)
+    missing_keys, unexpected_keys = handled if handled is not None else \
+        module.load_state_dict(weights, strict=False)
     if not strict:
         return
     # parameters left out with save_checkpoint(exclude_frozen_parameters=True) are not missing
     excluded = set(state.get("frozen_param_shapes") or ()) - set(weights)
-    missing = [k for k in result.missing_keys if k not in excluded]
-    if missing or result.unexpected_keys:
+    missing = [k for k in missing_keys if k not in excluded]
+    if missing or unexpected_keys:
         raise RuntimeError(
             f"Error(s) in loading state_dict for {type(module).__name__}: missing keys "
-            f"{missing}, unexpected keys {result.unexpected_keys} (load_checkpoint("
+            f"{missing}, unexpected keys {unexpected_keys} (load_checkpoint("
             f"load_module_strict=False) ignores both)")
 
 

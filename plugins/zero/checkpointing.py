@@ -53,6 +53,7 @@ def partition_state_dict(opt):
     hyper = [{k: v for k, v in group.items() if k != "params"}
              for group in opt.optimizer.param_groups]
     return {
+        "frozen_shards": _frozen_shards(opt),
         "zero_stage": opt.stage,
         "partition_count": opt.world_size,
         "layout": layout_math.describe(opt.layouts, opt.param_names),
@@ -64,6 +65,36 @@ def partition_state_dict(opt):
         "overflow": bool(opt.overflow),
         "ds_version": str(__version__),
     }
+
+
+def _frozen_zero3_params(opt):
+    """ZeRO-3 parameters no optimizer partition covers (frozen ones): their shards are only
+    on the ranks, so each rank's file carries its own."""
+    owned = {id(p) for params in opt.partitioned_params for p in params}
+    return {name: p for name, p in opt.module.named_parameters()
+            if hasattr(p, "ds_id") and id(p) not in owned and not p.ds_persist}
+
+
+def _frozen_shards(opt):
+    out = {}
+    for name, param in _frozen_zero3_params(opt).items():
+        out[name] = param.ds_partitioner.fetch(param).detach().clone()
+        param.ds_partitioner.settle(param)
+    return out
+
+
+def _restore_frozen(opt, saved):
+    params = _frozen_zero3_params(opt)
+    with torch.no_grad():
+        for name, full in (saved.get("frozen_full") or {}).items():
+            if name in params:
+                params[name].ds_partitioner.load_full(params[name], full)
+        if saved.get("partition_count") == opt.world_size:
+            for name, shard in (saved.get("frozen_shards") or {}).items():
+                if name in params:
+                    param = params[name]
+                    param.ds_partitioner.fetch(param).copy_(shard)
+                    param.ds_partitioner.settle(param)
 
 
 def load_partition_state_dict(opt, saved, load_from_fp32_weights=None):
@@ -95,6 +126,7 @@ def load_partition_state_dict(opt, saved, load_from_fp32_weights=None):
             opt._swap_out(chunk)
             start += length
         opt.optimizer.param_groups[group].update(saved["param_groups"][group])
+    _restore_frozen(opt, saved)
     if opt.loss_scaler is not None and saved.get("loss_scaler") is not None:
         opt.loss_scaler.load_state_dict(saved["loss_scaler"])
     opt.overflow = bool(saved.get("overflow", False))
@@ -172,7 +204,10 @@ def reshape(files, new_layout, world_size, rank):
         fp32.append(recut([f["single_partition_of_fp32_groups"][group] for f in files]))
         states.append({key: recut([f["optimizer_state"][group][key] for f in files])
                        for key in files[0]["optimizer_state"][group]})
+    frozen = {}
+    for name in files[0].get("frozen_shards") or {}:
+        frozen[name] = torch.cat([f["frozen_shards"][name].reshape(-1) for f in files])
     out = dict(files[0])
-    out.update(partition_count=world_size, layout=new_layout,
-               single_partition_of_fp32_groups=fp32, optimizer_state=states)
+    out.update(partition_count=world_size, layout=new_layout, frozen_shards=None,
+               frozen_full=frozen, single_partition_of_fp32_groups=fp32, optimizer_state=states)
     return out

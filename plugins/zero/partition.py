@@ -40,6 +40,9 @@ class Bucket:
     def piece_of(self, rank):
         return self.buffer.narrow(0, rank * self.piece, self.piece)
 
+    def settle(self):
+        """Done touching this rank's piece for now (ZeRO-3 NVMe shards return to disk)."""
+
     @property
     def dtype(self):
         return self.buffer.dtype
@@ -59,11 +62,14 @@ class ShardBucket(Bucket):
     def piece_of(self, rank):
         if rank != self.owner:
             raise ValueError(f"ZeRO-3 rank {self.owner} holds only its own shard, not rank {rank}'s")
-        return self.params[0].ds_tensor
+        return self.params[0].ds_partitioner.fetch(self.params[0])
+
+    def settle(self):
+        self.params[0].ds_partitioner.settle(self.params[0])
 
     @property
     def dtype(self):
-        return self.params[0].ds_tensor.dtype
+        return self.params[0].dtype
 
     @property
     def device(self):
@@ -134,7 +140,7 @@ def build_shard_layout(param_groups, world_size, rank):
     for index, params in enumerate(param_groups):
         buckets, partition_offset = [], 0
         for param in reversed(params):
-            shard = param.ds_tensor.numel()
+            shard = param.ds_partitioner.shard_numel(param.ds_numel)
             buckets.append(ShardBucket(index, [param], [0], param.ds_numel, shard * world_size,
                                        shard, partition_offset, owner=rank))
             partition_offset += shard

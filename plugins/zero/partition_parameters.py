@@ -50,8 +50,9 @@ class Partitioner:
     """Shards, gathers and releases parameters over one data-parallel group."""
 
     def __init__(self, group=None, remote_device=None, pin_memory=False,
-                 persistence_threshold=0, model_persistence_threshold=None):
+                 persistence_threshold=0, model_persistence_threshold=None, shard_store=None):
         self.group = group
+        self.shard_store = shard_store  # offload_param nvme: shards on disk between uses
         self.world_size = dist.get_world_size(group=group)
         self.rank = dist.get_rank(group=group)
         self.remote_device = remote_device  # "cpu": shards live on the host (offload_param)
@@ -93,7 +94,20 @@ class Partitioner:
         else:
             param.data = _placeholder(param, full.device)
             param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+        if self.shard_store is not None:
+            self.shard_store.adopt(param)
         return param
+
+    def fetch(self, param):
+        """``param.ds_tensor`` resident in memory (read back from NVMe if offloaded there)."""
+        if self.shard_store is not None:
+            self.shard_store.fetch(param)
+        return param.ds_tensor
+
+    def settle(self, param):
+        """Done with ``param.ds_tensor`` for now: an NVMe-offloaded shard goes back to disk."""
+        if self.shard_store is not None:
+            self.shard_store.settle(param)
 
     def _persists(self, param):
         if param.ds_numel >= self.persistence_threshold:
@@ -123,7 +137,7 @@ class Partitioner:
             if param.ds_status is not ZeroParamStatus.NOT_AVAILABLE:
                 continue
             device = _compute_device(param)
-            shard = param.ds_tensor.to(device, non_blocking=True)
+            shard = self.fetch(param).to(device, non_blocking=True)
             full = torch.empty(shard.numel() * self.world_size, dtype=shard.dtype, device=device)
             if self.world_size == 1:
                 full.copy_(shard)
@@ -147,6 +161,7 @@ class Partitioner:
             param.data = full.narrow(0, 0, param.ds_numel).view(param.ds_shape)
             param._ds_gather = None
             param.ds_status = ZeroParamStatus.AVAILABLE
+            self.settle(param)
 
     def release(self, params, force=False):
         """Drop the full data of ``params`` (persistent ones stay, unless ``force``)."""
@@ -161,14 +176,29 @@ class Partitioner:
 
     def write_shard_from_full(self, param):
         """After ``param.data`` (whole) was modified: take this rank's shard from it."""
-        shard = param.ds_tensor.numel()
-        flat = param.data.reshape(-1)
-        start = self.rank * shard
-        piece = param.ds_tensor
-        piece.zero_()
-        length = max(0, min(shard, param.ds_numel - start))
-        if length:
-            piece.narrow(0, 0, length).copy_(flat.narrow(0, start, length))
+        self.load_full(param, param.data)
+
+    def load_full(self, param, full):
+        """Set ``param`` from a whole tensor ``full``: this rank's shard, and the full data
+        too where it is resident (persistent or gathered)."""
+        if full.numel() > param.ds_numel:  # shards concatenated over ranks: drop the padding
+            full = full.reshape(-1).narrow(0, 0, param.ds_numel)
+        if full.numel() != param.ds_numel:
+            raise ValueError(f"parameter {param.ds_id} has {param.ds_numel} elements "
+                             f"{tuple(param.ds_shape)}, got a tensor of {full.numel()}")
+        with torch.no_grad():
+            piece = self.fetch(param)
+            shard = piece.numel()
+            flat = full.reshape(-1)
+            start = self.rank * shard
+            piece.zero_()
+            length = max(0, min(shard, param.ds_numel - start))
+            if length:
+                piece.narrow(0, 0, length).copy_(flat.narrow(0, start, length))
+            self.settle(param)
+            if param.ds_status is ZeroParamStatus.AVAILABLE and param.data.data_ptr() != \
+                    full.data_ptr():
+                param.data.copy_(full.reshape(param.ds_shape))
 
 
 def _compute_device(param):

@@ -53,7 +53,21 @@ def check_optimizer(config, zero_config, optimizer):
                 f"\"zero_force_ds_cpu_optimizer\": false to use {name} anyway")
 
 
-def setup_stage3(engine, zero_config):
+def _warn_unimplemented(zero_config):
+    """ZeRO++ and MiCS keys are accepted (configs carry them) but change nothing yet: say so
+    instead of letting a user believe their weights are quantized or hierarchically sharded."""
+    asked = [key for key, on in (
+        ("zero_quantized_weights", zero_config.zero_quantized_weights),
+        ("zero_quantized_nontrainable_weights", zero_config.zero_quantized_nontrainable_weights),
+        ("zero_quantized_gradients", zero_config.zero_quantized_gradients),
+        ("zero_hpz_partition_size", zero_config.zero_hpz_partition_size > 1),
+        ("mics_shard_size", zero_config.mics_shard_size > 0)) if on]
+    if asked:
+        logger.warning(f"zero_optimization: {', '.join(asked)} (ZeRO++ / MiCS) are not "
+                       f"implemented in this build and have no effect; training uses plain ZeRO")
+
+
+def setup_stage3(engine, zero_config, aio_kwargs=None):
     """Partition the engine's model (what ``zero.Init`` did not already) and install the
     gather/release hooks."""
     from deepspeed.zero.partition_parameters import Partitioner, is_zero_param, partition_module
@@ -62,21 +76,29 @@ def setup_stage3(engine, zero_config):
     offload = zero_config.offload_param
     remote = offload.device.value if offload is not None and offload.device.value != "none" \
         else None
+    store = None
     if remote == "nvme":
-        raise NotImplementedError("zero_optimization.offload_param.device 'nvme' is not "
-                                  "available in this build yet; use 'cpu'")
+        from deepspeed import comm as dist
+        from deepspeed.zero.offload.param_store import NVMeShardStore
+
+        store = NVMeShardStore(offload.nvme_path, dist.get_rank(), aio_kwargs=aio_kwargs,
+                               buffer_count=offload.buffer_count, buffer_size=offload.buffer_size,
+                               max_in_cpu=offload.max_in_cpu, pin_memory=bool(offload.pin_memory))
     partitioner = Partitioner(engine.dp_group, remote_device=remote,
                               pin_memory=bool(offload.pin_memory) if offload else False,
                               persistence_threshold=zero_config.param_persistence_threshold,
-                              model_persistence_threshold=zero_config.model_persistence_threshold)
+                              model_persistence_threshold=zero_config.model_persistence_threshold,
+                              shard_store=store)
     partition_module(engine.module, partitioner)
     for param in engine.module.parameters():
         if not is_zero_param(param):
             continue
         # the engine may have cast or moved the placeholders after zero.Init built them
         target = torch.device("cpu") if remote else param.data.device
-        if param.ds_tensor.dtype != param.dtype or param.ds_tensor.device != target:
-            param.ds_tensor = param.ds_tensor.to(device=target, dtype=param.dtype)
+        shard = param.ds_partitioner.fetch(param)
+        if shard.dtype != param.dtype or shard.device != target:
+            param.ds_tensor = shard.to(device=target, dtype=param.dtype)
+        param.ds_partitioner.settle(param)
     return ParameterCoordinator(engine.module, zero_config.prefetch_bucket_size,
                                 zero_config.max_live_parameters).install()
 
@@ -119,8 +141,10 @@ class ZeroPlugin(DeepSpeedPlugin):
             raise ValueError("Amp and ZeRO are not currently compatible: remove the 'amp' "
                              "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
         self.coordinator = None
+        _warn_unimplemented(self._zero_config(config))
         if config.zero_optimization_stage >= 3:
-            self.coordinator = setup_stage3(engine, self._zero_config(config))
+            self.coordinator = setup_stage3(engine, self._zero_config(config),
+                                            self._aio_config(config).handle_kwargs())
 
     @hookimpl
     def deepspeed_after_forward(self, engine):
@@ -196,6 +220,14 @@ class ZeroPlugin(DeepSpeedPlugin):
                            "save: true to gather them, or use the checkpoint with zero_to_fp32")
             return False
         return save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters)
+
+    @hookimpl
+    def deepspeed_load_module_state(self, engine, state_dict, strict):
+        if self.coordinator is None:
+            return None
+        from deepspeed.zero.stage3 import load_full_state_dict
+
+        return load_full_state_dict(engine.module, state_dict)
 
     @hookimpl
     def deepspeed_load_optimizer_state(self, engine, checkpoint_dir, tag, state):

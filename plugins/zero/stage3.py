@@ -102,17 +102,19 @@ def register_external_parameter(module, parameter):
     """Declare that ``module``'s forward uses ``parameter`` although another module owns it,
     so it is gathered for ``module`` too."""
     if not isinstance(parameter, torch.nn.Parameter):
-        raise TypeError(f"register_external_parameter needs a torch.nn.Parameter, got "
-                        f"{type(parameter).__name__}")
+        raise RuntimeError(f"register_external_parameter needs a torch.nn.Parameter, got "
+                           f"{type(parameter).__name__}")
     registry = module.__dict__.setdefault(EXTERNAL_PARAMS, {})
     registry[id(parameter)] = parameter
+    if "ds_external_parameters" not in module.__dict__:
+        module.ds_external_parameters = lambda: list(registry.items())
 
 
 def unregister_external_parameter(module, parameter):
     registry = module.__dict__.get(EXTERNAL_PARAMS, {})
     if id(parameter) not in registry:
-        raise ValueError(f"parameter {getattr(parameter, 'ds_id', '?')} is not registered as "
-                         f"external to {type(module).__name__}")
+        raise RuntimeError(f"parameter {getattr(parameter, 'ds_id', '?')} is not registered as "
+                           f"external to {type(module).__name__}")
     del registry[id(parameter)]
 
 
@@ -167,6 +169,7 @@ class ParameterCoordinator:
     def _post_forward(self, module, args, output):
         if self._running and self._running[-1] is module:
             self._running.pop()
+        self._hand_over_returned_params(module, output)
         params = module_params(module)
         for param in params:
             param.ds_active_sub_modules = max(getattr(param, "ds_active_sub_modules", 1) - 1, 0)
@@ -174,6 +177,32 @@ class ParameterCoordinator:
         if params and torch.is_grad_enabled():
             return _wrap_outputs(output, lambda: self._gather(params))
         return None
+
+    def _hand_over_returned_params(self, module, output):
+        """A module that returns one of its own parameters (``return out, self.bias``) hands
+        it to its caller: it becomes an external parameter of the enclosing module, which
+        keeps it whole until its own forward ends and gathers it for its backward."""
+        if not self._running:
+            return
+        own = {id(p): p for p in module._parameters.values() if p is not None and is_zero_param(p)}
+        returned = []
+
+        def collect(value):
+            if isinstance(value, torch.nn.Parameter) and id(value) in own:
+                returned.append(value)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    collect(item)
+            elif isinstance(value, dict):
+                for item in value.values():
+                    collect(item)
+
+        collect(output)
+        parent = self._running[-1]
+        for param in returned:
+            if id(param) not in parent.__dict__.get(EXTERNAL_PARAMS, {}):
+                register_external_parameter(parent, param)
+                param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
 
     def fetch_external(self, param):
         """``param`` was read as an attribute while a forward runs but is not gathered: it is
@@ -236,6 +265,28 @@ class ParameterCoordinator:
                 param.ds_partitioner.gather([param], async_op=True)
             budget -= size
             live += size
+
+
+def load_full_state_dict(module, state_dict):
+    """``module.load_state_dict`` for a ZeRO-3 model: weights saved whole (by stages 0-2, or
+    ``save_16bit_model``) are cut into this rank's shards; ZeRO-3 placeholders (empty) are
+    skipped, the optimizer's fp32 partitions restore those. Returns (missing, unexpected)."""
+    own = module.state_dict(keep_vars=True)
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    with torch.no_grad():
+        for name, value in state_dict.items():
+            target = own.get(name)
+            if target is None:
+                continue
+            if not is_zero_param(target):
+                target.copy_(value)
+            elif value.numel() == target.ds_numel:
+                target.ds_partitioner.load_full(target, value.to(target.dtype))
+            elif value.numel() != 0:
+                raise RuntimeError(f"size mismatch for {name}: the checkpoint holds "
+                                   f"{tuple(value.shape)}, the model {tuple(target.ds_shape)}")
+    return missing, unexpected
 
 
 def save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters):

@@ -24,11 +24,12 @@ from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
+from deepspeed.zero.fragment_access import FragmentAccessMixin
 from deepspeed.zero.gradient_reduction import GradientReducer
 from deepspeed.zero.partition import build_layout, build_shard_layout
 
 
-class DeepSpeedZeroOptimizer:
+class DeepSpeedZeroOptimizer(FragmentAccessMixin):
     """Wraps the basic optimizer (built over the model's parameters) so that it steps this
     rank's fp32 partitions instead."""
 
@@ -72,9 +73,8 @@ class DeepSpeedZeroOptimizer:
         self.grad_partitions = []
         optimizer.state.clear()
         for layout, group in zip(self.layouts, optimizer.param_groups):
-            flat = torch.cat([b.piece_of(self.rank).detach().float().to(self.master_device)
-                              for b in layout.buckets]) if layout.buckets else \
-                torch.zeros(0, device=self.master_device)
+            flat = torch.cat([self._read_piece(b) for b in layout.buckets]) \
+                if layout.buckets else torch.zeros(0, device=self.master_device)
             chunks = [torch.nn.Parameter(self._maybe_pin(piece.clone(), pin))
                       for piece in flat.split(self.sub_group_size)]
             self.chunks.append(chunks)
@@ -103,6 +103,11 @@ class DeepSpeedZeroOptimizer:
         if self.swapper is not None:
             for chunk in self.all_chunks:
                 self.swapper.swap_out(chunk)
+
+    def _read_piece(self, bucket):
+        piece = bucket.piece_of(self.rank).detach().float().to(self.master_device, copy=True)
+        bucket.settle()
+        return piece
 
     @staticmethod
     def _maybe_pin(tensor, pin):
@@ -173,6 +178,7 @@ class DeepSpeedZeroOptimizer:
                     for at, bucket, offset, length in segments:
                         chunk.data.narrow(0, at, length).copy_(
                             bucket.piece_of(self.rank).narrow(0, offset, length))
+                        bucket.settle()
                     self._swap_out(chunk)
 
     # ------------------------------------------------------------------ precision protocol
@@ -271,6 +277,7 @@ class DeepSpeedZeroOptimizer:
             for at, bucket, offset, length in segments:
                 bucket.piece_of(self.rank).narrow(0, offset, length).copy_(
                     chunk.data.narrow(0, at, length))
+                bucket.settle()
 
     def after_optimizer_step(self):
         """Publish every rank's updated piece to all ranks (ZeRO-3: only the persistent

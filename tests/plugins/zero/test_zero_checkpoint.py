@@ -61,14 +61,15 @@ def _assert_matches(results, expected):
             torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("stage,from_fp32", [(1, True), (2, True), (2, False)])
+@pytest.mark.parametrize("stage,from_fp32", [(1, True), (2, True), (2, False), (3, True)])
 def test_resume_on_the_same_ranks_continues_exactly(dist_pool, tmp_path, stage, from_fp32):
-    files, count = dist_pool.run(_save, args=(stage, str(tmp_path), {}))[0]
+    zero3 = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
+    files, count = dist_pool.run(_save, args=(stage, str(tmp_path), zero3))[0]
     assert count == 2
     assert {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
             "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= set(files)
     # fp32 training: the module's weights are the masters, so re-deriving them is exact too
-    zero = {"load_from_fp32_weights": from_fp32}
+    zero = dict(zero3, load_from_fp32_weights=from_fp32)
     results = dist_pool.run(_resume, args=(stage, str(tmp_path), zero))
     _assert_matches(results, reference_phases([(2, 2), (2, 2)], GAS))
 
@@ -89,11 +90,16 @@ def test_another_world_size_needs_elastic_checkpoint(dist_pool, tmp_path):
         assert "elastic_checkpoint" in message
 
 
-@pytest.mark.parametrize("save_world,load_world,load_stage", [(2, 3, 2), (3, 2, 1)])
+@pytest.mark.parametrize("save_world,save_stage,load_world,load_stage",
+                         [(2, 2, 3, 2), (3, 2, 2, 1), (2, 3, 3, 3), (3, 1, 2, 3)])
 def test_elastic_checkpoint_repartitions_without_loss(dist_pool, tmp_path, save_world,
-                                                      load_world, load_stage):
-    dist_pool.run(_save, world_size=save_world, args=(2, str(tmp_path), {}))
+                                                      save_stage, load_world, load_stage):
+    zero3 = {"stage3_param_persistence_threshold": 0}
+    dist_pool.run(_save, world_size=save_world,
+                  args=(save_stage, str(tmp_path), zero3 if save_stage == 3 else {}))
     zero = {"elastic_checkpoint": True, "reduce_bucket_size": 50}  # a new layout as well
+    if load_stage == 3:
+        zero.update(zero3)
     results = dist_pool.run(_resume, world_size=load_world,
                             args=(load_stage, str(tmp_path), zero))
     _assert_matches(results, reference_phases([(2, save_world), (2, load_world)], GAS))

@@ -4,6 +4,8 @@ import importlib
 
 import pytest
 
+from deepspeed.config.errors import ConfigDeprecationWarning
+
 PATHS = [
     ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig", "deepspeed.zero.config"),
     ("deepspeed.runtime.zero.config", "ZeroStageEnum", "deepspeed.zero.config"),
@@ -21,6 +23,15 @@ PATHS = [
     ("deepspeed.runtime.zero.stage3", "estimate_zero3_model_states_mem_needs_all_cold",
      "deepspeed.zero.estimators"),
     ("deepspeed.zero", "DeepSpeedZeroOptimizer", "deepspeed.zero.stage_1_and_2"),
+    ("deepspeed.runtime.zero.partition_parameters", "Init", "deepspeed.zero.partition_parameters"),
+    ("deepspeed.runtime.zero.partition_parameters", "GatheredParameters",
+     "deepspeed.zero.gathered_parameters"),
+    ("deepspeed.runtime.zero.partition_parameters", "ZeroParamStatus",
+     "deepspeed.zero.partition_parameters"),
+    ("deepspeed.runtime.zero.partition_parameters", "register_external_parameter",
+     "deepspeed.zero.stage3"),
+    ("deepspeed.zero", "Init", "deepspeed.zero.partition_parameters"),
+    ("deepspeed.zero", "GatheredParameters", "deepspeed.zero.gathered_parameters"),
 ]
 
 
@@ -50,6 +61,11 @@ def test_enabled_by_a_nonzero_stage(raw, enabled):
     from deepspeed.plugin_manager import PluginCatalog
 
     catalog = PluginCatalog()
-    config = DeepSpeedConfig(dict(raw, train_batch_size=2), sections=catalog.sections,
-                             world_size=1)
+    if isinstance(raw.get("zero_optimization"), bool):
+        with pytest.warns(ConfigDeprecationWarning, match="zero_optimization"):
+            config = DeepSpeedConfig(dict(raw, train_batch_size=2), sections=catalog.sections,
+                                     world_size=1)
+    else:
+        config = DeepSpeedConfig(dict(raw, train_batch_size=2), sections=catalog.sections,
+                                 world_size=1)
     assert ("zero" in catalog.enabled_names(config)) is enabled

@@ -92,7 +92,8 @@ def _half_vs_stage0(stage, precision):
     results = []
     for zero_stage in (0, stage):
         model = make_model()
-        config = ds_config(zero_stage, 2)
+        config = ds_config(zero_stage, 2, **({"stage3_param_persistence_threshold": 0}
+                                             if zero_stage == 3 else {}))
         config[precision] = {"enabled": True}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model),
                                           config=config)
@@ -103,7 +104,7 @@ def _half_vs_stage0(stage, precision):
 
 
 @pytest.mark.parametrize("precision,atol", [("bf16", 2e-2), ("fp16", 2e-3)])
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_16bit_matches_the_core_mixed_precision_engine(dist_pool, stage, precision, atol):
     for stage0, zero in dist_pool.run(_half_vs_stage0, world_size=2, args=(stage, precision)):
         for name in stage0:

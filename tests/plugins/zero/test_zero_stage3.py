@@ -265,7 +265,7 @@ def test_checkpoint_resume_and_16bit_save(dist_pool, tmp_path, gather_flag):
             torch.testing.assert_close(param.detach(), results[0][2][name], rtol=0, atol=0)
 
 
-def _inference(offload):
+def _inference(offload, path):
     import deepspeed
 
     torch.manual_seed(0)
@@ -273,17 +273,145 @@ def _inference(offload):
     plain = _mlp()
     config = {"train_micro_batch_size_per_gpu": MICRO,
               "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                    "offload_param": {"device": offload}}}
+                                    "offload_param": {"device": offload, "nvme_path": path,
+                                                      "max_in_cpu": 0}}}
     engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config)
     x = torch.randn(4, 9)
     with torch.no_grad():
         out = engine(x)
     return (optimizer is None, torch.equal(out, plain(x).detach()),
             all(p.numel() == 0 and p.ds_tensor.device.type == "cpu"
+                and (offload != "nvme" or p.ds_tensor.numel() == 0)  # on disk
                 for p in engine.module.parameters()))
 
 
-@pytest.mark.parametrize("offload", ["none", "cpu"])
-def test_zero_inference_without_an_optimizer(dist_pool, offload):
-    for no_optimizer, same, partitioned in dist_pool.run(_inference, args=(offload,)):
+@pytest.mark.parametrize("offload", ["none", "cpu", "nvme"])
+def test_zero_inference_without_an_optimizer(dist_pool, tmp_path, offload):
+    for no_optimizer, same, partitioned in dist_pool.run(_inference,
+                                                         args=(offload, str(tmp_path))):
         assert no_optimizer and same and partitioned
+
+
+def _nvme_both(path, max_in_cpu):
+    import os
+
+    config_zero = {"offload_param": {"device": "nvme", "nvme_path": path,
+                                     "max_in_cpu": max_in_cpu},
+                   "offload_optimizer": {"device": "nvme", "nvme_path": path}}
+    params, placeholders = _train_tied(config_zero)
+    files = [f for _, _, names in os.walk(os.path.join(path, "zero_stage_3_params"))
+             for f in names]
+    return params, placeholders, len(files)
+
+
+@pytest.mark.parametrize("max_in_cpu", [0, 40])
+def test_nvme_param_and_optimizer_offload(dist_pool, tmp_path, max_in_cpu):
+    expected = _tied_reference(2)
+    for params, placeholders, files in dist_pool.run(_nvme_both, args=(str(tmp_path), max_in_cpu)):
+        assert placeholders and files > 0  # shards beyond max_in_cpu live in swap files
+        for name, want in expected.items():
+            torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6, msg=name)
+
+
+def _live_parameters(limit):
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(10, 10) for _ in range(6)])
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "stage3_prefetch_bucket_size": 10_000,
+                                    "stage3_max_live_parameters": limit}}
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    x = torch.randn(MICRO, 10)
+    for _ in range(3):
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
+    return engine.plugins.get_plugin("zero").coordinator.gathered_peak
+
+
+def test_max_live_parameters_bounds_prefetching(dist_pool):
+    layer = 110
+    bounded = dist_pool.run(_live_parameters, args=(layer,))[0]
+    unbounded = dist_pool.run(_live_parameters, args=(10**9,))[0]
+    assert bounded <= 2 * layer  # the limit plus the layer being run
+    assert unbounded > bounded  # without the limit prefetching gathers further ahead
+
+
+class _ReturnsBias(torch.nn.Module):
+    """The docs' CustomLinear: returns its bias for the caller to add."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 6) * 0.3)
+        self.bias = torch.nn.Parameter(torch.randn(4) * 0.3)
+
+    def forward(self, x):
+        return F.linear(x, self.weight), self.bias
+
+
+class _UsesReturnedBias(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _ReturnsBias()
+
+    def forward(self, x):
+        out, bias = self.inner(x)
+        return torch.tanh(out + bias)
+
+
+def _returned_param_model():
+    torch.manual_seed(0)
+    return _UsesReturnedBias()
+
+
+def _train_returned(steps):
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=_returned_param_model(), config=config)
+    from deepspeed import comm as dist
+
+    x = torch.randn(steps * MICRO * 2, 6, generator=torch.Generator().manual_seed(5))
+    for s in range(steps):
+        start = s * MICRO * 2 + dist.get_rank() * MICRO
+        engine.backward(engine(x[start:start + MICRO]).pow(2).mean())
+        engine.step()
+    return full_params(engine.module)
+
+
+def test_a_module_returning_its_own_parameter(dist_pool):
+    model = _returned_param_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    x = torch.randn(3 * MICRO * 2, 6, generator=torch.Generator().manual_seed(5))
+    for s in range(3):
+        model(x[s * MICRO * 2:(s + 1) * MICRO * 2]).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    for params in dist_pool.run(_train_returned, args=(3,)):
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(params[name], param.detach(), rtol=0, atol=1e-6)
+
+
+def _register_errors():
+    from deepspeed.zero import register_external_parameter, unregister_external_parameter
+
+    module = torch.nn.Linear(2, 2)
+    errors = []
+    for call in (lambda: register_external_parameter(module, torch.zeros(2)),
+                 lambda: unregister_external_parameter(module, module.weight)):
+        try:
+            call()
+        except RuntimeError as err:
+            errors.append(str(err))
+    register_external_parameter(module, module.weight)
+    return errors, [name for name, _ in module.ds_external_parameters()]
+
+
+def test_external_parameter_registration_errors():
+    errors, listed = _register_errors()
+    assert len(errors) == 2 and "nn.Parameter" in errors[0] and "not registered" in errors[1]
+    assert len(listed) == 1
