@@ -261,15 +261,20 @@ class Init:
         if group is None and mpu is not None:
             group = mpu.get_data_parallel_group()
         zero = _zero_section(config_dict_or_path if config_dict_or_path is not None else config)
+        if remote_device == "nvme" and zero is None:
+            zero = {}
         if self.dtype is None and zero is not None:
             self.dtype = zero["dtype"]
         threshold = zero["param_persistence_threshold"] if zero else 0
         budget = zero["model_persistence_threshold"] if zero else None
         if remote_device is None and zero and zero["offload_device"] in ("cpu", "nvme"):
             remote_device = zero["offload_device"]
+        store = None
+        if remote_device == "nvme":
+            store = _nvme_store(zero, pin_memory)
         self.partitioner = Partitioner(group, remote_device=remote_device, pin_memory=pin_memory,
                                        persistence_threshold=threshold,
-                                       model_persistence_threshold=budget)
+                                       model_persistence_threshold=budget, shard_store=store)
         if module is not None:  # upstream also accepts an already-built module
             partition_module(module, self.partitioner, self.dtype)
 
@@ -364,6 +369,21 @@ def partition_module(module, partitioner, dtype=None, recurse=True):
     return module
 
 
+def _nvme_store(zero, pin_memory):
+    """``remote_device="nvme"``: shards go to ``offload_param.nvme_path`` of the config."""
+    from deepspeed.zero.offload.param_store import NVMeShardStore
+
+    offload = (zero or {}).get("offload_param_section") or {}
+    if not offload.get("nvme_path"):
+        raise ValueError("zero.Init(remote_device='nvme') needs config_dict_or_path with "
+                         "zero_optimization.offload_param.nvme_path (where the shards go)")
+    return NVMeShardStore(offload["nvme_path"], dist.get_rank(),
+                          buffer_count=int(offload.get("buffer_count", 5)),
+                          buffer_size=int(float(offload.get("buffer_size", 100_000_000))),
+                          max_in_cpu=int(float(offload.get("max_in_cpu", 1_000_000_000))),
+                          pin_memory=pin_memory)
+
+
 def _zero_section(source):
     """The few ``zero_optimization`` values ``Init`` needs, from a config dict / path."""
     if source is None:
@@ -392,5 +412,6 @@ def _zero_section(source):
                                                   "stage3_model_persistence_threshold", None)
             if zero.get("model_persistence_threshold",
                         zero.get("stage3_model_persistence_threshold")) is not None else None,
-            "offload_device": str(offload.get("device", "none")).lower()}
+            "offload_device": str(offload.get("device", "none")).lower(),
+            "offload_param_section": offload}
 

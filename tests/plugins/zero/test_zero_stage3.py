@@ -415,3 +415,31 @@ def test_external_parameter_registration_errors():
     errors, listed = _register_errors()
     assert len(errors) == 2 and "nn.Parameter" in errors[0] and "not registered" in errors[1]
     assert len(listed) == 1
+
+
+def _init_on_nvme(path):
+    import os
+
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "offload_param": {"device": "nvme", "nvme_path": path,
+                                                      "max_in_cpu": 0}}}
+    with deepspeed.zero.Init(remote_device="nvme", config_dict_or_path=config):
+        model = _mlp()
+    on_disk = all(p.ds_tensor.numel() == 0 for p in model.parameters())
+    files = sum(len(names) for _, _, names in os.walk(path))
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    x = torch.randn(MICRO, 9, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        out = engine(x)
+    return on_disk, files, out
+
+
+def test_zero_init_straight_to_nvme(dist_pool, tmp_path):
+    expected = _mlp()(torch.randn(MICRO, 9, generator=torch.Generator().manual_seed(9)))
+    for on_disk, files, out in dist_pool.run(_init_on_nvme, args=(str(tmp_path),)):
+        assert on_disk and files >= 4
+        torch.testing.assert_close(out, expected.detach(), rtol=0, atol=0)
