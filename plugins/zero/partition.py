@@ -19,9 +19,12 @@ the same one, and ``describe``/``partition_ranges`` let a checkpoint written und
 re-cut for another world size.
 """
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import List
 
 import torch
+
+from deepspeed.checkpoint.zero_layout import (assemble, partition_numel,  # noqa: F401
+                                              partition_ranges, split)
 
 
 @dataclass
@@ -155,47 +158,3 @@ def describe(layouts, param_names):
               "numels": [getattr(p, "ds_numel", None) or p.numel() for p in b.params],
               "padded": b.padded}
              for b in layout.buckets] for layout in layouts]
-
-
-def partition_ranges(described_group, world_size, rank):
-    """For one described group: ``[(name, start, stop, partition_start)]`` saying that elements
-    ``start:stop`` of the flattened parameter ``name`` sit at ``partition_start`` of ``rank``'s
-    partition. Padding belongs to no parameter and is left out."""
-    ranges, partition_offset = [], 0
-    for bucket in described_group:
-        piece = bucket["padded"] // world_size
-        lo, hi = rank * piece, (rank + 1) * piece
-        offset = 0
-        for name, numel in zip(bucket["params"], bucket["numels"]):
-            start, stop = max(offset, lo), min(offset + numel, hi)
-            if start < stop:
-                ranges.append((name, start - offset, stop - offset,
-                               partition_offset + start - lo))
-            offset += numel
-        partition_offset += piece
-    return ranges
-
-
-def partition_numel(described_group, world_size):
-    return sum(b["padded"] // world_size for b in described_group)
-
-
-def assemble(described_group, partitions, numels):
-    """Whole flattened parameters ``{name: 1-D tensor}`` from every rank's partition of one group
-    (``partitions[r]`` is rank r's flat tensor; ``numels`` maps name -> element count)."""
-    world = len(partitions)
-    out: Dict[str, torch.Tensor] = {}
-    for rank, partition in enumerate(partitions):
-        for name, start, stop, at in partition_ranges(described_group, world, rank):
-            if name not in out:
-                out[name] = torch.empty(numels[name], dtype=partition.dtype)
-            out[name][start:stop] = partition[at:at + stop - start]
-    return out
-
-
-def split(described_group, world_size, rank, flat_params, dtype=torch.float32):
-    """``rank``'s partition (padding zero) of one group, cut from whole flattened parameters."""
-    partition = torch.zeros(partition_numel(described_group, world_size), dtype=dtype)
-    for name, start, stop, at in partition_ranges(described_group, world_size, rank):
-        partition[at:at + stop - start] = flat_params[name][start:stop]
-    return partition
