@@ -73,6 +73,9 @@ class DeepSpeedEngine(torch.nn.Module):
         self.training_dataloader = (self.deepspeed_io(training_data)
                                     if training_data is not None else None)
         self._warn_lossy_accumulation()
+        from deepspeed.checkpoint.engines import checkpoint_engine_for
+
+        self.checkpoint_engine = checkpoint_engine_for(self)  # torch / safetensors / async
         config.print("DeepSpeedEngine")
 
     # ------------------------------------------------------------------ plugins
@@ -87,7 +90,9 @@ class DeepSpeedEngine(torch.nn.Module):
             dist.add_comm_observer(self._comm_observer)
 
     def destroy(self):
-        """Detach this engine from process-wide services (comm observers)."""
+        """Finish a background checkpoint write and detach this engine from process-wide
+        services (comm observers)."""
+        self.checkpoint_engine.wait()
         if self._comm_observer is not None:
             dist.remove_comm_observer(self._comm_observer)
             self._comm_observer = None

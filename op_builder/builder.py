@@ -188,6 +188,34 @@ class OpBuilder:
     def _jit_kwargs(self):
         return dict(extra_cflags=self.cxx_args(), extra_ldflags=self.extra_ldflags())
 
+    def _clear_stale_build_lock(self, cpp_extension):
+        """torch waits forever on a build directory's ``lock`` file; a build killed mid-way
+        (SIGKILL, OOM) leaves one behind and every later load of the op hangs. A lock older
+        than ``DS_BUILD_LOCK_STALE_S`` seconds (default 900; a build here takes about one
+        minute) is taken to be such a leftover and removed, with a warning."""
+        import time
+
+        try:
+            build_dir = cpp_extension._get_build_directory(self.NAME, verbose=False)
+        except (RuntimeError, OSError):
+            return
+        lock = os.path.join(build_dir, "lock")
+        stale_after = float(os.environ.get("DS_BUILD_LOCK_STALE_S", "900"))
+        try:
+            age = time.time() - os.path.getmtime(lock)
+        except OSError:
+            return  # no lock: nobody is building
+        if age > stale_after:
+            from deepspeed.utils.logging import logger
+
+            logger.warning(f"removing stale build lock '{lock}' of op '{self.NAME}' ({age:.0f} s "
+                           f"old; a build killed mid-way leaves one; set DS_BUILD_LOCK_STALE_S "
+                           f"to change the limit)")
+            try:
+                os.remove(lock)
+            except FileNotFoundError:
+                pass
+
     def jit_load(self, verbose=True):
         """Compile (or reuse torch's cached build under TORCH_EXTENSIONS_DIR) and import the op."""
         cached = self._loaded_modules.get(self.absolute_name())
@@ -206,6 +234,7 @@ class OpBuilder:
                                f"(pip install ninja): {err}") from err
         sources = self.absolute_sources()
         kwargs = self._jit_kwargs()
+        self._clear_stale_build_lock(cpp_extension)
         try:
             module = cpp_extension.load(name=self.NAME, sources=sources,
                                         extra_include_paths=self.absolute_include_paths(),

@@ -17,11 +17,17 @@ The on-disk layout is described in ``deepspeed.checkpoint.layout``; the guarante
 - every file loads with ``torch.load(weights_only=True)`` (checked before writing), so loading
   a checkpoint never runs code;
 - plugins add their own state through the checkpoint hooks in ``deepspeed.hooks``, using
-  ``atomic_torch_save`` for their own files.
+  ``atomic_torch_save`` for their own files;
+- how files are written is the checkpoint engine's choice (``checkpoint.checkpoint_engine``:
+  torch, safetensors or async, see ``deepspeed.checkpoint.engines``); inside a save,
+  ``atomic_torch_save`` writes through it, and ``load_file`` reads what any engine wrote.
 """
 from deepspeed.checkpoint.atomic import (CheckpointFormatError, atomic_torch_save,
                                          atomic_write_text, ensure_weights_only_loadable,
                                          load_file)
+from deepspeed.checkpoint.engines import (AsyncCheckpointEngine, CheckpointEngine,
+                                          SafetensorsCheckpointEngine, TorchCheckpointEngine,
+                                          build_checkpoint_engine, checkpoint_engine_for)
 from deepspeed.checkpoint.collective import CheckpointTagMismatchError, CheckpointWriteError
 from deepspeed.checkpoint.layout import (LATEST_FILENAME, default_tag, list_tags,
                                          model_states_filename, read_latest,
@@ -34,5 +40,7 @@ __all__ = [
     "atomic_torch_save", "atomic_write_text", "ensure_weights_only_loadable", "load_file",
     "CheckpointFormatError", "CheckpointTagMismatchError", "CheckpointWriteError",
     "LATEST_FILENAME", "default_tag", "list_tags", "model_states_filename", "read_latest",
-    "rng_state_filename",
+    "rng_state_filename", "CheckpointEngine", "TorchCheckpointEngine",
+    "SafetensorsCheckpointEngine", "AsyncCheckpointEngine", "build_checkpoint_engine",
+    "checkpoint_engine_for",
 ]

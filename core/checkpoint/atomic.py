@@ -9,6 +9,8 @@ Every file is also checked to load with ``torch.load(weights_only=True)`` *befor
 written: loading a checkpoint must never execute code from it, and a state that could only be
 read back with a full unpickler should fail at save time, not weeks later at resume time.
 """
+import contextlib
+import contextvars
 import io
 import os
 import pickle
@@ -18,6 +20,10 @@ from collections.abc import Mapping
 import torch
 
 _TMP_MARK = ".tmp-"
+# The checkpoint engine a ``save_checkpoint`` call writes through: plugins write their files
+# with ``atomic_torch_save`` from inside the save hooks, and those files must go the same way
+# (same format, same background writer) as the core's own.
+_ACTIVE_WRITER = contextvars.ContextVar("deepspeed_checkpoint_writer", default=None)
 
 
 class CheckpointFormatError(ValueError):
@@ -63,12 +69,38 @@ def _write_atomically(path, write):
     _fsync_directory(os.path.dirname(path))
 
 
+@contextlib.contextmanager
+def writing_through(checkpoint_engine):
+    """Within the block, ``atomic_torch_save`` hands its files to ``checkpoint_engine``."""
+    token = _ACTIVE_WRITER.set(checkpoint_engine)
+    try:
+        yield checkpoint_engine
+    finally:
+        _ACTIVE_WRITER.reset(token)
+
+
 def atomic_torch_save(obj, path, check=True):
     """``torch.save(obj, path)`` that is all-or-nothing; ``check`` first verifies that ``obj``
-    loads back with ``weights_only=True`` (cheap: tensors are not serialised for the check)."""
+    loads back with ``weights_only=True`` (cheap: tensors are not serialised for the check).
+    Inside ``save_checkpoint`` the file goes through the configured checkpoint engine instead
+    (safetensors format, or a background write), with the same all-or-nothing guarantee."""
+    writer = _ACTIVE_WRITER.get()
+    if writer is not None:
+        writer.save(obj, path, check=check)
+        return
+    write_torch_file(obj, path, check=check)
+
+
+def write_torch_file(obj, path, check=True):
+    """The synchronous torch.save writer behind ``atomic_torch_save``; never routed."""
     if check:
         ensure_weights_only_loadable(obj, what=os.fspath(path))
     _write_atomically(path, lambda f: torch.save(obj, f))
+
+
+def write_file_atomically(path, write):
+    """Write ``path`` all-or-nothing with ``write(binary_file)``; for other file formats."""
+    _write_atomically(path, write)
 
 
 def atomic_write_text(path, text):
@@ -148,7 +180,15 @@ def ensure_weights_only_loadable(obj, what="checkpoint", root="state"):
 
 def load_file(path):
     """``torch.load`` a checkpoint file on CPU with ``weights_only=True`` (never runs code from
-    the file); a file that needs more is reported with its path and the refused object."""
+    the file); a file that needs more is reported with its path and the refused object. A file
+    the safetensors checkpoint engine wrote (same name, other format) is recognised by its
+    first bytes and read by that engine, so readers never need to know the configured engine."""
+    from deepspeed.checkpoint.engines import safetensors_format
+
+    with open(os.fspath(path), "rb") as f:
+        head = f.read(9)
+    if safetensors_format.is_safetensors(head):
+        return safetensors_format.read(os.fspath(path))
     try:
         return torch.load(os.fspath(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

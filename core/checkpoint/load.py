@@ -9,6 +9,7 @@ import os
 from deepspeed import comm as dist
 from deepspeed.checkpoint import collective, layout
 from deepspeed.checkpoint.atomic import load_file
+from deepspeed.checkpoint.engines import checkpoint_engine_for
 from deepspeed.checkpoint.model_state import client_state_of, restore_counters
 from deepspeed.checkpoint.rng import restore_rng_state
 from deepspeed.utils.logging import log_dist, logger
@@ -45,6 +46,11 @@ def _load_optimizer(engine, checkpoint_dir, tag, state):
         return False
     if engine.hook.deepspeed_load_optimizer_state(engine=engine, checkpoint_dir=checkpoint_dir,
                                                   tag=tag, state=state):
+        return True
+    if engine.config.load_universal_checkpoint:  # ZeRO loads its own; this is stage 0
+        from deepspeed.checkpoint.universal import load_into_optimizer
+
+        load_into_optimizer(engine, checkpoint_dir)
         return True
     saved = state.get("optimizer")
     if saved is None:
@@ -100,6 +106,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True,
     saved as ``client_state``; ``(None, None)`` when there is no tag and no ``latest``.
     """
     load_dir = os.fspath(load_dir)
+    checkpoint_engine_for(engine).wait()  # a pending asynchronous save may be what is loaded
     if tag is None:
         if not os.path.isdir(load_dir):
             raise FileNotFoundError(f"checkpoint directory '{load_dir}' does not exist")

@@ -7,17 +7,24 @@ A save runs in three collective phases, each ending in an all-ranks agreement (s
 2. every rank writes its files (its RNG state; plugins their own files through the
    ``deepspeed_save_checkpoint`` / ``deepspeed_save_optimizer_state`` hooks), and the
    model-states writer writes ``mp_rank_XX_model_states.pt``;
-3. only when all ranks succeeded, ``latest`` is pointed at the new tag.
+3. only when all ranks succeeded, ``latest`` is pointed at the new tag (the commit).
 
 Each file is replaced atomically, so a save that dies at any point leaves the previous
 ``latest`` and every file of the checkpoint it names intact.
+
+Files go through the engine's checkpoint engine (``checkpoint.checkpoint_engine``; plugins'
+``atomic_torch_save`` calls inside the hooks are routed to it too). With the asynchronous
+engine phase 2 only snapshots the state and phase 3 happens later: the previous save is
+committed at the start of this one, and ``engine.checkpoint_engine.wait()`` commits the last.
 """
 import os
 
 from deepspeed import comm as dist
 from deepspeed.checkpoint import collective, layout
 from deepspeed.checkpoint.atomic import (atomic_torch_save, atomic_write_text,
-                                         ensure_weights_only_loadable)
+                                         ensure_weights_only_loadable, write_file_atomically,
+                                         writing_through)
+from deepspeed.checkpoint.engines import checkpoint_engine_for
 from deepspeed.checkpoint.model_state import (engine_state, merge_client_state,
                                               module_state_dict)
 from deepspeed.checkpoint.rng import capture_rng_state
@@ -61,25 +68,73 @@ def _write_rank_files(engine, save_dir, tag, client_state, exclude_frozen_parame
                       os.path.join(checkpoint_dir, layout.rng_state_filename(dist.get_rank())))
 
 
+def _copy_zero_to_fp32(engine, save_dir):
+    """ZeRO checkpoints hold only partitions: put the offline consolidation script next to
+    them, as DeepSpeed does (``python zero_to_fp32.py . pytorch_model.bin``)."""
+    if not collective.writes_shared_files(engine):
+        return
+    import deepspeed.utils
+
+    source = os.path.join(os.path.dirname(deepspeed.utils.__file__), "zero_to_fp32.py")
+    with open(source, "rb") as f:
+        script = f.read()
+    target = os.path.join(save_dir, "zero_to_fp32.py")
+    write_file_atomically(target, lambda out: out.write(script))
+    os.chmod(target, 0o755)
+
+
+def _on_commit(engine, save_dir, tag, save_latest, agreed):
+    """The collective end of a save: every rank's files are durable (agreed on first when the
+    writes happened in the background), then ``latest`` names ``tag``."""
+    def commit(write_error):
+        if not agreed:
+            def check():
+                if write_error is not None:
+                    raise write_error
+            collective.on_all_ranks(
+                engine, f"writing checkpoint '{tag}' to '{save_dir}' ('latest' not updated)",
+                check)
+        if getattr(engine.config, "zero_enabled", False):
+            collective.on_all_ranks(engine, f"copying zero_to_fp32.py into '{save_dir}'",
+                                    lambda: _copy_zero_to_fp32(engine, save_dir))
+        if save_latest:
+            collective.on_all_ranks(
+                engine, f"updating '{layout.latest_path(save_dir)}' to '{tag}'",
+                lambda: (atomic_write_text(layout.latest_path(save_dir), tag)
+                         if collective.writes_shared_files(engine) else None))
+        log_dist(f"{'committed' if not agreed else 'saved'} checkpoint '{tag}' to {save_dir}",
+                 ranks=[0])
+    return commit
+
+
 def save_checkpoint(engine, save_dir, tag=None, client_state={}, save_latest=True,
                     exclude_frozen_parameters=False):
     """Save ``engine`` under ``save_dir/tag`` (default ``global_step<N>``); collective: every
     rank must call it. ``client_state`` comes back from ``load_checkpoint``. Returns True."""
     save_dir = os.fspath(save_dir)
+    writer = checkpoint_engine_for(engine)
+    writer.wait()  # an earlier asynchronous save is committed before a new one starts
     tag, client_state = collective.on_all_ranks(
         engine, f"checkpoint save to '{save_dir}'", lambda: _prepare(engine, tag, client_state))
     collective.validate_tag(engine, tag)
     writes_model_states = collective.writes_model_states(engine)
-    collective.on_all_ranks(
-        engine, f"writing checkpoint '{tag}' to '{save_dir}' ('latest' not updated)",
-        lambda: _write_rank_files(engine, save_dir, tag, client_state,
-                                  exclude_frozen_parameters, writes_model_states))
-    if save_latest:
-        collective.on_all_ranks(
-            engine, f"updating '{layout.latest_path(save_dir)}' to '{tag}'",
-            lambda: (atomic_write_text(layout.latest_path(save_dir), tag)
-                     if collective.writes_shared_files(engine) else None))
-    log_dist(f"saved checkpoint '{tag}' to {save_dir}", ranks=[0])
+    writer.begin(tag)
+    try:
+        with writing_through(writer):
+            collective.on_all_ranks(
+                engine, f"{'snapshotting' if writer.is_async else 'writing'} checkpoint "
+                        f"'{tag}' to '{save_dir}' ('latest' not updated)",
+                lambda: _write_rank_files(engine, save_dir, tag, client_state,
+                                          exclude_frozen_parameters, writes_model_states))
+    except BaseException:
+        writer.abort(tag)
+        raise
+    writer.end(tag, _on_commit(engine, save_dir, tag, save_latest, agreed=not writer.is_async))
+    if not writer.is_async:
+        writer.commit(tag)
+    else:
+        log_dist(f"checkpoint '{tag}' snapshotted; writing to {save_dir} in the background",
+                 ranks=[0])
     return True
 
 

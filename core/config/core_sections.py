@@ -78,7 +78,64 @@ class SchedulerConfig(DeepSpeedConfigModel):
 
 
 class ParallelWriteConfig(DeepSpeedConfigModel):
+    """`checkpoint.parallel_write`: with pipeline parallelism, every stage writes its own layers."""
+
     pipeline_stage: bool = False
+
+
+CHECKPOINT_ENGINES = ("torch", "safetensors", "async")
+CHECKPOINT_FILE_FORMATS = ("torch", "safetensors")
+
+
+class CheckpointEngineConfig(DeepSpeedConfigModel):
+    """`checkpoint.checkpoint_engine`: how checkpoint files are written. A plain string is the
+    `type`; the object form also chooses the file `format` the asynchronous engine writes.
+
+    "torch" (default) and "safetensors" write synchronously; "async" snapshots the state to host
+    memory, writes in the background while training goes on, and moves `latest` only when the
+    tag is committed (the next save, or `engine.checkpoint_engine.wait()`)."""
+
+    type: Literal["torch", "safetensors", "async"] = "torch"
+    # None: "safetensors" for type "safetensors", else "torch"
+    format: Optional[Literal["torch", "safetensors"]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value):
+        return {"type": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _format_matches_type(self):
+        if self.type != "async" and self.format is not None and self.format != self.type:
+            raise ValueError(f"checkpoint.checkpoint_engine.format '{self.format}' contradicts "
+                             f"type '{self.type}'; 'format' only chooses what the 'async' "
+                             f"engine writes (allowed: {list(CHECKPOINT_FILE_FORMATS)})")
+        return self
+
+    @property
+    def file_format(self) -> str:
+        if self.format is not None:
+            return self.format
+        return "safetensors" if self.type == "safetensors" else "torch"
+
+
+class DataStatesConfig(DeepSpeedConfigModel):
+    """`datastates_ckpt`: DataStates-LLM asynchronous checkpointing. Without the external
+    package the built-in "async" checkpoint engine does the same job (with a warning)."""
+
+    host_cache_size: float = Field(16, gt=0, description="GB of pinned host memory for flushing")
+
+
+class NebulaConfig(DeepSpeedConfigModel):
+    """`nebula`: Azure Nebula asynchronous checkpointing. When enabled without the external
+    service, the built-in "async" checkpoint engine is used (with a warning)."""
+
+    enabled: bool = False
+    persistent_storage_path: Optional[str] = None
+    persistent_time_interval: int = Field(100, ge=1)
+    num_of_version_in_retention: int = Field(2, ge=1)
+    enable_nebula_load: bool = True
+    load_path: Optional[str] = None
 
 
 class CheckpointConfig(DeepSpeedConfigModel):
@@ -88,6 +145,7 @@ class CheckpointConfig(DeepSpeedConfigModel):
     load_universal: bool = False
     use_node_local_storage: bool = False
     parallel_write: ParallelWriteConfig = Field(default_factory=ParallelWriteConfig)
+    checkpoint_engine: CheckpointEngineConfig = Field(default_factory=CheckpointEngineConfig)
 
     @field_validator("tag_validation", mode="before")
     @classmethod
@@ -142,6 +200,9 @@ class CoreConfig(DeepSpeedConfigModel):
     optimizer: Optional[OptimizerConfig] = None
     scheduler: Optional[SchedulerConfig] = None
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    # DataStates-LLM / Nebula asynchronous checkpointing: served by the built-in async engine
+    datastates_ckpt: Optional[DataStatesConfig] = None
+    nebula: Optional[NebulaConfig] = None
     data_types: DataTypesConfig = Field(default_factory=DataTypesConfig)
     activation_checkpointing: ActivationCheckpointingConfig = Field(
         default_factory=ActivationCheckpointingConfig)

@@ -25,7 +25,6 @@ FEATURE_SECTIONS: Dict[str, str] = {
     "elasticity": "elastic training",
     "progressive_layer_drop": "progressive layer dropping",
     "quantize_training": "mixture-of-quantization (MoQ)",
-    "datastates_ckpt": "DataStates-LLM asynchronous checkpointing",
     "sequence_parallel_size": "Ulysses sequence parallelism",
 }
 

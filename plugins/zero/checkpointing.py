@@ -162,7 +162,20 @@ def _read(checkpoint_dir, dp_rank, mp_rank):
 
 def load_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, elastic, saved_world=None):
     """Restore ``opt`` from the checkpoint's ZeRO files, re-cutting partitions when needed.
-    ``saved_world`` (the model states' ``dp_world_size``) saves opening rank 0's file."""
+    ``saved_world`` (the model states' ``dp_world_size``) saves opening rank 0's file.
+    With ``"checkpoint": {"load_universal": true}`` the folder is a universal checkpoint
+    (``ds_to_universal``), cut for this layout by ``deepspeed.zero.universal``."""
+    from deepspeed.checkpoint.universal import is_universal_checkpoint
+
+    if bool(getattr(opt.config, "load_universal_checkpoint", False)):
+        from deepspeed.zero.universal import load_universal_checkpoint
+
+        load_universal_checkpoint(opt, checkpoint_dir)
+        return
+    if is_universal_checkpoint(checkpoint_dir):
+        raise ZeroCheckpointError(
+            f"'{checkpoint_dir}' is a universal checkpoint (written by ds_to_universal); set "
+            f"\"checkpoint\": {{\"load_universal\": true}} in the config to load it")
     if saved_world is None:
         saved_world = int(_read(checkpoint_dir, 0, mp_rank)["partition_count"])
     if saved_world != opt.world_size and not elastic:

@@ -202,6 +202,9 @@ class ZeroPlugin(DeepSpeedPlugin):
         from collections import OrderedDict
 
         names = optimizer.param_names
+        state["frozen_param_shapes"] = OrderedDict(
+            (n, torch.Size(getattr(p, "ds_shape", p.shape)))
+            for n, p in engine.module.named_parameters() if not p.requires_grad)
         state["param_shapes"] = [OrderedDict((names[id(p)], torch.Size(getattr(p, "ds_shape",
                                                                                 p.shape)))
                                              for p in params)

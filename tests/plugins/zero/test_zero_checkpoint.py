@@ -109,3 +109,16 @@ def test_changed_bucket_size_on_the_same_ranks_is_re_cut(dist_pool, tmp_path):
     dist_pool.run(_save, args=(2, str(tmp_path), {}))
     results = dist_pool.run(_resume, args=(2, str(tmp_path), {"reduce_bucket_size": 11}))
     _assert_matches(results, reference_phases([(2, 2), (2, 2)], GAS))
+
+
+def _save_and_list(save_dir):
+    engine = _engine(2)
+    train(engine, 2, GAS)
+    engine.save_checkpoint(save_dir)
+    return sorted(os.listdir(save_dir))
+
+
+def test_zero_to_fp32_script_is_placed_next_to_latest(dist_pool, tmp_path):
+    listing = dist_pool.run(_save_and_list, args=(str(tmp_path),))[0]
+    assert listing == ["global_step2", "latest", "zero_to_fp32.py"]
+    assert os.access(tmp_path / "zero_to_fp32.py", os.X_OK)

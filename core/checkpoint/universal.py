@@ -1,0 +1,145 @@
+"""Universal checkpoints: one ZeRO checkpoint re-stored per parameter, so it loads under any
+data-parallel size or ZeRO stage.
+
+A ZeRO checkpoint stores flat partitions whose meaning depends on the world size and bucket
+layout that wrote them. ``ds_to_universal`` rewrites one tag as whole tensors::
+
+    <output>/
+      latest_universal                    the converted tag (``latest`` too, same text)
+      <tag>/
+        universal_checkpoint_info.pt      groups, hyperparameters, scalar state, shapes (below)
+        mp_rank_00_model_states.pt        the source's, with every module weight whole
+        rng_state_rank_<r>.pt             copied from the source
+        zero/<param name>/fp32.pt         {"param": full-shape fp32 master weight}
+        zero/<param name>/<key>.pt        {"param": full-shape optimizer state}, one per
+                                          elementwise key (exp_avg, exp_avg_sq, ...)
+
+Each tensor file holds a dict ``{"param": tensor}`` rather than a bare tensor, so a later
+version can add per-tensor metadata (e.g. tensor-parallel slicing) without a format break.
+Frozen parameters have only ``fp32.pt``. ``universal_checkpoint_info.pt`` holds::
+
+    format, format_version, tag, source {zero_stage, dp_world_size, ds_version},
+    group_params   [[names] per optimizer param group]
+    param_shapes   {name: [sizes]} (trainable)
+    frozen_param_shapes {name: [sizes]}
+    state_keys     [[elementwise optimizer state keys] per group]
+    optimizer_scalars [{key: value} per group]   e.g. {"step": 2}
+    param_groups   [{hyperparameter: value} per group]   (no "params")
+    loss_scaler
+
+Loading (``"checkpoint": {"load_universal": true}``) cuts the tensors for the loading
+optimizer's own layout; this module only reads, so it needs neither ZeRO nor a process group.
+"""
+import os
+
+import torch
+
+from deepspeed.checkpoint.atomic import CheckpointFormatError, load_file
+
+INFO_FILENAME = "universal_checkpoint_info.pt"
+PARAMS_DIRNAME = "zero"
+LATEST_UNIVERSAL_FILENAME = "latest_universal"
+FORMAT = "deepspeed-universal"
+FORMAT_VERSION = 1
+FP32_KEY = "fp32"
+
+
+def param_dir(checkpoint_dir, name):
+    if not name or name in (".", "..") or "/" in name or os.sep in name:
+        raise CheckpointFormatError(f"parameter name {name!r} cannot be a directory name of a "
+                                    f"universal checkpoint")
+    return os.path.join(os.fspath(checkpoint_dir), PARAMS_DIRNAME, name)
+
+
+def param_file(checkpoint_dir, name, key=FP32_KEY):
+    """Where the full tensor ``key`` ("fp32", "exp_avg", ...) of parameter ``name`` lives."""
+    return os.path.join(param_dir(checkpoint_dir, name), f"{key}.pt")
+
+
+def is_universal_checkpoint(checkpoint_dir):
+    return os.path.isfile(os.path.join(os.fspath(checkpoint_dir), INFO_FILENAME))
+
+
+def read_info(checkpoint_dir):
+    """The checkpoint's ``universal_checkpoint_info.pt``; a folder that is not a universal
+    checkpoint is reported with what it is instead."""
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    path = os.path.join(checkpoint_dir, INFO_FILENAME)
+    if not os.path.isfile(path):
+        present = sorted(os.listdir(checkpoint_dir)) if os.path.isdir(checkpoint_dir) else []
+        hint = ("it is a ZeRO checkpoint: convert it first with `ds_to_universal --input_folder "
+                "<it> --output_folder <new folder>`"
+                if any(n.endswith("_optim_states.pt") for n in present)
+                else f"it holds {present[:10] or 'nothing'}")
+        raise CheckpointFormatError(
+            f"'{checkpoint_dir}' is not a universal checkpoint (no {INFO_FILENAME}), but "
+            f"\"checkpoint\": {{\"load_universal\": true}} is set; {hint}")
+    info = load_file(path)
+    if info.get("format") != FORMAT or int(info.get("format_version", -1)) > FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"'{path}' has format {info.get('format')!r} version {info.get('format_version')!r}; "
+            f"this build reads {FORMAT!r} up to version {FORMAT_VERSION}")
+    return info
+
+
+def load_param_state(checkpoint_dir, name, key=FP32_KEY, mmap=True):
+    """The full-shape tensor ``key`` of parameter ``name`` (memory-mapped unless ``mmap`` is
+    False, so a rank reads only the pages of its own slice)."""
+    path = param_file(checkpoint_dir, name, key)
+    if not os.path.isfile(path):
+        where = param_dir(checkpoint_dir, name)
+        have = sorted(os.listdir(where)) if os.path.isdir(where) else None
+        raise FileNotFoundError(
+            f"universal checkpoint file '{path}' does not exist; "
+            + (f"'{where}' holds {have}" if have is not None
+               else f"the checkpoint has no parameter {name!r}"))
+    saved = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    if not isinstance(saved, dict) or not torch.is_tensor(saved.get("param")):
+        raise CheckpointFormatError(f"'{path}' should hold {{'param': tensor}}, found "
+                                    f"{type(saved).__name__}")
+    return saved["param"]
+
+
+def read_latest_universal(folder):
+    """The tag ``folder/latest_universal`` names, or None when there is none."""
+    path = os.path.join(os.fspath(folder), LATEST_UNIVERSAL_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip() or None
+
+
+def load_into_optimizer(engine, checkpoint_dir):
+    """``load_universal`` without ZeRO: put each parameter's fp32 weight and optimizer moments
+    into the tensors the engine's basic optimizer steps (the module's own parameters in fp32
+    training, the fp32 masters under bf16/fp16), then refresh the module from them."""
+    info = read_info(checkpoint_dir)
+    optimizer = engine.basic_optimizer
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    model_of = {id(m): p for p, m in getattr(engine.precision, "_pairs", [])}
+    saved_groups = info["group_params"]
+    mine = [[names[id(model_of.get(id(t), t))] for t in group["params"]]
+            for group in optimizer.param_groups]
+    if [sorted(g) for g in mine] != [sorted(g) for g in saved_groups]:
+        raise CheckpointFormatError(
+            f"the universal checkpoint '{checkpoint_dir}' groups its parameters as "
+            f"{[len(g) for g in saved_groups]} per optimizer group, this optimizer as "
+            f"{[len(g) for g in mine]}; the model must have the same trainable parameters "
+            f"in the same groups")
+    torch_step = isinstance(optimizer, torch.optim.Optimizer) and \
+        type(optimizer).__module__.startswith("torch.")
+    with torch.no_grad():
+        for index, group in enumerate(optimizer.param_groups):
+            group.update(info["param_groups"][index])
+            for stepped, name in zip(group["params"], mine[index]):
+                stepped.copy_(load_param_state(checkpoint_dir, name).view_as(stepped))
+                state = {key: load_param_state(checkpoint_dir, name, key).view_as(stepped)
+                         .to(stepped.device).clone()
+                         for key in info["state_keys"][index]}
+                for key, value in info["optimizer_scalars"][index].items():
+                    value = value.item() if torch.is_tensor(value) else value
+                    # torch's own optimizers keep ``step`` as a float tensor
+                    state[key] = torch.tensor(float(value)) if torch_step and key == "step" \
+                        else value
+                optimizer.state[stepped] = state
+    engine.precision.after_optimizer_step()

@@ -1,0 +1,481 @@
+#!/usr/bin/env python
+"""Whole fp32 weights out of a ZeRO checkpoint, in process or as an offline script.
+
+Under ZeRO no file holds the model: each data-parallel rank saved only its slice of the fp32
+master weights (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``), and under ZeRO-3 the model
+states file holds empty placeholders. This module rebuilds an ordinary ``state_dict`` (same keys
+and order as ``model.state_dict()``) from those slices, using the layout recorded next to them
+(``deepspeed.checkpoint.zero_layout``), so it needs torch but no process group, config or GPU.
+
+Saving copies this file to ``<save_dir>/zero_to_fp32.py`` so a checkpoint folder converts itself::
+
+    python zero_to_fp32.py . pytorch_model.bin                        # one file (old form)
+    python zero_to_fp32.py <save_dir> <out_dir> [--safe_serialization] [--max_shard_size 5GB]
+                           [-t global_step14] [--exclude_frozen_parameters] [-d]
+
+Memory: rank files are opened with ``mmap=True`` and only their fp32 partitions are touched (the
+optimizer moments are never read), one rank at a time, so the peak is about the size of the
+result plus one rank's partition: under 2x the fp32 model.
+"""
+import os
+import sys
+
+if __name__ == "__main__" and sys.path and sys.path[0] and os.path.abspath(
+        sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    # Run from inside the installed package, this folder comes first on sys.path and its
+    # logging.py would shadow the standard library's; a copy in a checkpoint folder is unaffected.
+    sys.path.pop(0)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+from collections import OrderedDict  # noqa: E402
+
+import torch  # noqa: E402
+
+from deepspeed.checkpoint.zero_layout import partition_ranges  # noqa: E402
+
+__all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
+           "convert_zero_checkpoint_to_fp32_state_dict", "LazyTensor", "main"]
+
+LATEST = "latest"
+MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+OPTIM_FILE_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+SINGLE_FILE_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
+
+_debug = False
+
+
+def _log(message):
+    if _debug:
+        print(f"[zero_to_fp32] {message}", file=sys.stderr)
+
+
+def _load(path):
+    """Memory-mapped: tensors are paged in only when read, so skipped entries cost nothing."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+# ------------------------------------------------------------------------- the checkpoint
+class _ZeroCheckpoint:
+    """One tag's files: the model states, and per rank where its optimizer file is. Rank files
+    are either opened and dropped per read (lowest memory) or kept open (``keep_open``, for
+    many small reads, as lazy tensors do)."""
+
+    def __init__(self, checkpoint_dir, tag=None, keep_open=False):
+        self.dir = _tag_dir(checkpoint_dir, tag)
+        self.keep_open = keep_open
+        self._open = {}
+        model_path = next((os.path.join(self.dir, n) for n in MODEL_STATES_NAMES
+                           if os.path.isfile(os.path.join(self.dir, n))), None)
+        if model_path is None:
+            raise FileNotFoundError(f"can't find model states file in '{self.dir}' (looked for "
+                                    f"{list(MODEL_STATES_NAMES)}); is it a DeepSpeed checkpoint?")
+        self.model_states = _load(model_path)
+        self.optim_paths = _optim_paths(self.dir)
+        first = self._rank_state(0)
+        if "layout" not in first or "partition_count" not in first:
+            raise ValueError(f"'{self.optim_paths[0]}' has no ZeRO 'layout'/'partition_count': "
+                             f"it was not written by this DeepSpeed's ZeRO optimizer")
+        self.stage = int(first.get("zero_stage", 0))
+        self.world = int(first["partition_count"])
+        if len(self.optim_paths) != self.world:
+            raise ValueError(f"'{self.dir}' holds {len(self.optim_paths)} ZeRO optimizer files "
+                             f"but the checkpoint was saved with partition_count={self.world}; "
+                             f"the checkpoint is incomplete or mixes several saves")
+        self.layout = first["layout"]
+        self.frozen_shard_names = list((first.get("frozen_shards") or {}).keys())
+        self.numels = {n: k for group in self.layout for bucket in group
+                       for n, k in zip(bucket["params"], bucket["numels"])}
+        self.shapes = {}
+        for group in self.model_states.get("param_shapes") or []:
+            self.shapes.update(group)
+        missing = sorted(set(self.numels) - set(self.shapes))
+        if missing:
+            raise ValueError(f"the model states file has no 'param_shapes' entry for the "
+                             f"trained parameters {missing[:10]}")
+        if not self.keep_open:
+            self._open.clear()
+
+    def _rank_state(self, rank):
+        state = self._open.get(rank)
+        if state is None:
+            state = _load(self.optim_paths[rank])["optimizer_state_dict"]
+            self._open[rank] = state
+        return state
+
+    def _ranks(self):
+        """Each rank's partition state dict, in rank order; dropped after use unless kept."""
+        for rank in range(self.world):
+            yield rank, self._rank_state(rank)
+            if not self.keep_open:
+                self._open.pop(rank, None)
+
+    def frozen_shape(self, name):
+        return torch.Size((self.model_states.get("frozen_param_shapes") or {})[name])
+
+    def materialise(self, names):
+        """Whole tensors for trained (fp32 partitions) and ZeRO-3 frozen (``frozen_shards``)
+        parameters among ``names``, built by visiting each rank's file once."""
+        wanted = set(names)
+        out = {n: torch.empty(self.numels[n], dtype=torch.float32)
+               for n in names if n in self.numels}
+        frozen = [n for n in names if n in self.frozen_shard_names and n not in self.numels]
+        flat_frozen, frozen_numel = {}, {n: self.frozen_shape(n).numel() for n in frozen}
+        for rank, state in self._ranks():
+            partitions = state["single_partition_of_fp32_groups"]
+            for group, described in enumerate(self.layout):
+                partition = partitions[group]
+                for name, start, stop, at in partition_ranges(described, self.world, rank):
+                    if name in wanted:
+                        out[name][start:stop] = partition[at:at + stop - start]
+            for name in frozen:
+                shard = state["frozen_shards"][name].reshape(-1)
+                if name not in flat_frozen:
+                    flat_frozen[name] = torch.empty(shard.numel() * self.world, dtype=shard.dtype)
+                flat_frozen[name][rank * shard.numel():(rank + 1) * shard.numel()] = shard
+        for name in frozen:
+            if not 0 < frozen_numel[name] <= flat_frozen[name].numel():
+                raise ValueError(
+                    f"frozen parameter '{name}': 'frozen_param_shapes' records shape "
+                    f"{list(self.frozen_shape(name))} but its ZeRO-3 shards hold "
+                    f"{flat_frozen[name].numel()} elements (padding included); the checkpoint "
+                    f"does not record the parameter's full shape")
+            out[name] = flat_frozen[name][:frozen_numel[name]].clone()
+        for name in list(out):
+            shape = self.shapes[name] if name in self.numels else self.frozen_shape(name)
+            out[name] = out[name].view(shape)
+            _log(f"{name}: {tuple(shape)} {out[name].dtype}")
+        return out
+
+
+def _tag_dir(checkpoint_dir, tag):
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    if tag is None:
+        latest = os.path.join(checkpoint_dir, LATEST)
+        if not os.path.isfile(latest):
+            raise ValueError(f"Unable to find 'latest' file at {latest}; pass the tag "
+                             f"(e.g. tag='global_step14' or -t global_step14) explicitly")
+        with open(latest, encoding="utf-8") as f:
+            tag = f.read().strip()
+    path = os.path.join(checkpoint_dir, str(tag))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"Directory '{path}' doesn't exist (checkpoint tag '{tag}' in "
+                                f"'{checkpoint_dir}')")
+    return path
+
+
+def _optim_paths(tag_dir):
+    by_rank, other_mp = {}, set()
+    for name in os.listdir(tag_dir):
+        match = OPTIM_FILE_RE.match(name)
+        if match is None:
+            continue
+        rank, mp_rank = int(match.group(1)), int(match.group(2))
+        if mp_rank != 0:
+            other_mp.add(mp_rank)
+        else:
+            by_rank[rank] = os.path.join(tag_dir, name)
+    if other_mp:
+        raise ValueError(f"'{tag_dir}' holds ZeRO files of model-parallel ranks "
+                         f"{sorted(other_mp)}; only model-parallel size 1 checkpoints convert")
+    if not by_rank:
+        raise FileNotFoundError(f"'{tag_dir}' holds no '*_optim_states.pt' ZeRO optimizer files; "
+                                f"it is not a ZeRO checkpoint")
+    if sorted(by_rank) != list(range(len(by_rank))):
+        raise ValueError(f"'{tag_dir}' holds ZeRO optimizer files of data-parallel ranks "
+                         f"{sorted(by_rank)}; expected ranks 0..{len(by_rank) - 1} without gaps")
+    return [by_rank[r] for r in range(len(by_rank))]
+
+
+# ------------------------------------------------------------------------- the state dict
+class LazyTensor:
+    """A state-dict value read from the checkpoint only when ``contiguous()`` is called, so a
+    caller can write a large model shard by shard. ``shape``, ``dtype`` and ``nbytes`` are known
+    without reading."""
+
+    def __init__(self, checkpoint, name, shape, dtype, value=None):
+        self._checkpoint, self.name = checkpoint, name
+        self.shape, self.dtype, self._value = torch.Size(shape), dtype, value
+
+    def numel(self):
+        return self.shape.numel()
+
+    def element_size(self):
+        return torch.empty(0, dtype=self.dtype).element_size()
+
+    @property
+    def nbytes(self):
+        return self.numel() * self.element_size()
+
+    def contiguous(self):
+        if self._value is not None:
+            return self._value.contiguous()
+        return self._checkpoint.materialise([self.name])[self.name]
+
+    def __repr__(self):
+        return f"LazyTensor({self.name!r}, shape={tuple(self.shape)}, dtype={self.dtype})"
+
+
+def _plan(checkpoint, exclude_frozen_parameters):
+    """``[(key, source)]`` in ``model.state_dict()`` order; source is ``("fp32", name)`` (built
+    from partitions), ``("module", name)`` (stored whole) or ``("alias", target key)``."""
+    states = checkpoint.model_states
+    module = states.get("module") or {}
+    frozen = set((states.get("frozen_param_shapes") or {}).keys())
+    shared = dict(states.get("shared_params") or {})
+    plan = []
+    for key, value in module.items():
+        if key in shared:
+            if not (exclude_frozen_parameters and shared[key] in frozen):
+                plan.append((key, ("alias", shared[key])))
+        elif key in checkpoint.numels:
+            plan.append((key, ("fp32", key)))
+        elif key in frozen:
+            if exclude_frozen_parameters:
+                continue
+            sharded = key in checkpoint.frozen_shard_names
+            plan.append((key, ("fp32", key) if sharded else ("module", key)))
+        else:  # buffers (``buffer_names``) and any other stored entry
+            plan.append((key, ("module", key)))
+    listed = {key for key, _ in plan}
+    plan.extend((n, ("fp32", n)) for n in checkpoint.numels if n not in listed)
+    return plan
+
+
+def _planned_shape(checkpoint, name):
+    return checkpoint.frozen_shape(name) if name not in checkpoint.numels else \
+        checkpoint.shapes[name]
+
+
+def _resolve(plan, values):
+    out = OrderedDict()
+    for key, (kind, name) in plan:
+        if kind == "alias":
+            if name not in values:
+                raise ValueError(f"tied parameter '{key}' shares '{name}', which the checkpoint "
+                                 f"does not hold")
+            out[key] = values[name]
+        else:
+            out[key] = values[key]
+    return out
+
+
+def _module_value(checkpoint, name):
+    # cloned so the result does not keep the memory-mapped model states file alive
+    return checkpoint.model_states["module"][name].clone()
+
+
+def _state_dict(checkpoint, exclude_frozen_parameters, lazy_mode):
+    plan = _plan(checkpoint, exclude_frozen_parameters)
+    values = {}
+    if lazy_mode:
+        for key, (kind, name) in plan:
+            if kind == "fp32":
+                shape = _planned_shape(checkpoint, name)
+                dtype = torch.float32 if name in checkpoint.numels else \
+                    checkpoint.model_states["module"][name].dtype
+                values[key] = LazyTensor(checkpoint, name, shape, dtype)
+            elif kind == "module":
+                stored = checkpoint.model_states["module"][name]
+                values[key] = LazyTensor(checkpoint, name, stored.shape, stored.dtype,
+                                         value=stored)
+    else:
+        values.update(checkpoint.materialise([n for _, (kind, n) in plan if kind == "fp32"]))
+        values.update({n: _module_value(checkpoint, n) for _, (kind, n) in plan
+                       if kind == "module"})
+    for key, (kind, name) in plan:
+        if kind == "alias" and name not in values and name in checkpoint.numels:
+            values[name] = (LazyTensor(checkpoint, name, checkpoint.shapes[name], torch.float32)
+                            if lazy_mode else checkpoint.materialise([name])[name])
+    return _resolve(plan, values)
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
+                                             exclude_frozen_parameters=False, lazy_mode=False):
+    """The consolidated state dict (CPU) of the ZeRO checkpoint ``checkpoint_dir/<tag>`` (``tag``
+    None: the one ``checkpoint_dir/latest`` names), keyed and ordered as ``model.state_dict()``.
+
+    Trained parameters are the fp32 masters; frozen parameters and buffers keep the dtype they
+    were stored in (no fp32 copy of them exists). Tied parameters share one tensor.
+    ``lazy_mode=True`` returns ``LazyTensor`` values that read the checkpoint on ``contiguous()``.
+    Raises ValueError without ``latest``, FileNotFoundError for a missing tag directory and
+    ValueError when the number of rank files differs from the saved ``partition_count``.
+    """
+    checkpoint = _ZeroCheckpoint(checkpoint_dir, tag, keep_open=lazy_mode)
+    _log(f"ZeRO stage {checkpoint.stage} checkpoint '{checkpoint.dir}' of {checkpoint.world} "
+         f"data-parallel ranks")
+    return _state_dict(checkpoint, exclude_frozen_parameters, lazy_mode)
+
+
+def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
+    """Load the consolidated fp32 weights into ``model`` (moved to CPU) and return it. The model
+    is then a plain module: build a new engine before training it with DeepSpeed again."""
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag)
+    model = model.cpu()
+    model.load_state_dict(state_dict, strict=False)
+    return model
+
+
+# ------------------------------------------------------------------------- writing files
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(size):
+    """Bytes in ``5GB`` / ``500MB`` / ``1KiB`` / an int (decimal units, as Hugging Face)."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = _SIZE_RE.match(str(size))
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"max_shard_size {size!r} is not a positive size; use e.g. '5GB', "
+                         f"'500MB', '1KiB' or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
+
+
+def _nbytes(value):
+    return value.nbytes if isinstance(value, LazyTensor) else \
+        value.numel() * value.element_size()
+
+
+def _shards(state_dict, max_bytes):
+    """Consecutive groups of keys each under ``max_bytes`` (a larger tensor gets its own)."""
+    shards, current, size = [], [], 0
+    for key, value in state_dict.items():
+        nbytes = _nbytes(value)
+        if current and size + nbytes > max_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(key)
+        size += nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _save_file(tensors, path, safe):
+    tmp = f"{path}.tmp"
+    if safe:
+        try:
+            from safetensors.torch import save_file
+        except ImportError as exc:
+            raise ImportError("safe_serialization=True (--safe_serialization, or a .safetensors "
+                              "output) needs the 'safetensors' package: pip install "
+                              "safetensors") from exc
+        seen, plain = set(), {}
+        for key, tensor in tensors.items():
+            ptr = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            # safetensors refuses tensors sharing memory: tied weights get their own copy
+            plain[key] = tensor.clone() if ptr in seen else tensor.contiguous()
+            seen.add(ptr)
+        save_file(plain, tmp, metadata={"format": "pt"})
+    else:
+        torch.save(tensors, tmp)
+    os.replace(tmp, path)
+
+
+def _materialise_shard(checkpoint, state_dict, keys):
+    """Real tensors for ``keys``; lazy values read in one pass over the rank files, and tied
+    keys share one tensor inside the shard."""
+    lazy = [v for v in (state_dict[k] for k in keys) if isinstance(v, LazyTensor)]
+    names = list(OrderedDict.fromkeys(v.name for v in lazy if v._value is None))
+    built = checkpoint.materialise(names) if names else {}
+    by_id, out = {}, OrderedDict()
+    for key in keys:
+        value = state_dict[key]
+        if isinstance(value, LazyTensor):
+            if id(value) not in by_id:
+                by_id[id(value)] = built[value.name] if value._value is None else \
+                    value._value.clone()
+            value = by_id[id(value)]
+        out[key] = value
+    return out
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir_or_file,
+                                               max_shard_size="5GB", safe_serialization=False,
+                                               tag=None, exclude_frozen_parameters=False):
+    """Write the consolidated fp32 state dict: to one file when ``output_dir_or_file`` ends in
+    .bin/.pt/.pth/.safetensors, else into that directory as Hugging Face checkpoint files
+    (``pytorch_model.bin`` / ``model.safetensors``, or numbered shards of at most
+    ``max_shard_size`` with a ``*.index.json``). Returns the list of files written."""
+    output = os.fspath(output_dir_or_file)
+    single = output.lower().endswith(SINGLE_FILE_SUFFIXES)
+    if single:
+        is_safe = output.lower().endswith(".safetensors")
+        if safe_serialization and not is_safe:
+            raise ValueError(f"safe_serialization=True but the output file '{output}' is not a "
+                             f".safetensors file; name it *.safetensors or give a directory")
+        safe_serialization = is_safe
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        state_dict = get_fp32_state_dict_from_zero_checkpoint(
+            checkpoint_dir, tag, exclude_frozen_parameters=exclude_frozen_parameters)
+        _save_file(state_dict, output, safe_serialization)
+        _log(f"wrote {len(state_dict)} entries to '{output}'")
+        return [output]
+
+    max_bytes = parse_size(max_shard_size)
+    os.makedirs(output, exist_ok=True)
+    checkpoint = _ZeroCheckpoint(checkpoint_dir, tag, keep_open=False)
+    lazy = _state_dict(checkpoint, exclude_frozen_parameters, lazy_mode=True)
+    shards = _shards(lazy, max_bytes)
+    stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    if len(shards) == 1:
+        names = [f"{stem}{ext}"]
+    else:
+        names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}{ext}" for i in range(len(shards))]
+    weight_map = OrderedDict()
+    for keys, name in zip(shards, names):
+        _save_file(_materialise_shard(checkpoint, lazy, keys), os.path.join(output, name),
+                   safe_serialization)
+        weight_map.update((k, name) for k in keys)
+        _log(f"wrote {len(keys)} entries to '{name}'")
+    written = [os.path.join(output, n) for n in names]
+    if len(shards) > 1:
+        index = os.path.join(output, f"{stem}{ext}.index.json")
+        total = sum(_nbytes(v) for v in OrderedDict((id(v), v) for v in lazy.values()).values())
+        with open(index, "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        written.append(index)
+    return written
+
+
+# ------------------------------------------------------------------------- script
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="zero_to_fp32.py",
+        description="Consolidate the fp32 weights of a DeepSpeed ZeRO checkpoint into a "
+                    "state dict file (or Hugging Face style shards). Needs no GPU or "
+                    "distributed setup.")
+    parser.add_argument("checkpoint_dir", help="the folder holding 'latest' and the tag folders, "
+                                               "e.g. path/checkpoint-12")
+    parser.add_argument("output_dir_or_file",
+                        help="a file ending in .bin/.pt/.pth/.safetensors (one file), or a "
+                             "directory for pytorch_model*.bin / model*.safetensors shards")
+    parser.add_argument("-t", "--tag", default=None,
+                        help="checkpoint tag (e.g. global_step14); default: read 'latest'")
+    parser.add_argument("--exclude_frozen_parameters", action="store_true",
+                        help="leave out parameters with requires_grad=False")
+    parser.add_argument("--max_shard_size", default="5GB",
+                        help="largest shard when writing a directory (default 5GB)")
+    parser.add_argument("--safe_serialization", action="store_true",
+                        help="write safetensors files (needs the safetensors package)")
+    parser.add_argument("-d", "--debug", action="store_true", help="print what is done")
+    return parser
+
+
+def main(argv=None):
+    global _debug
+    args = _parser().parse_args(argv)
+    _debug = args.debug
+    written = convert_zero_checkpoint_to_fp32_state_dict(
+        args.checkpoint_dir, args.output_dir_or_file, max_shard_size=args.max_shard_size,
+        safe_serialization=args.safe_serialization, tag=args.tag,
+        exclude_frozen_parameters=args.exclude_frozen_parameters)
+    print(f"Saved fp32 state dict to {', '.join(written)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

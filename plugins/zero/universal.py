@@ -1,0 +1,75 @@
+"""Loading a universal checkpoint (``deepspeed.checkpoint.universal``) into a ZeRO optimizer.
+
+A universal checkpoint stores every parameter and optimizer moment whole, so each rank cuts
+its partition straight from them for the optimizer's *current* layout (any world size,
+bucket size or stage 1-3) and installs it like one of its own checkpoints. Each rank reads
+(memory-mapped) only the parameters its partition touches.
+"""
+import torch
+
+from deepspeed.checkpoint.universal import FP32_KEY, load_param_state, read_info
+from deepspeed.zero import partition as layout_math
+from deepspeed.zero.checkpointing import (ZeroCheckpointError, _frozen_zero3_params,
+                                          load_partition_state_dict)
+
+
+def _check_groups(info, described, checkpoint_dir):
+    saved = info["group_params"]
+    if len(saved) != len(described):
+        raise ZeroCheckpointError(
+            f"the universal checkpoint '{checkpoint_dir}' has {len(saved)} optimizer param "
+            f"groups, this optimizer has {len(described)}")
+    shapes = info["param_shapes"]
+    for group, (names, buckets) in enumerate(zip(saved, described)):
+        mine = {n: k for b in buckets for n, k in zip(b["params"], b["numels"])}
+        if set(names) != set(mine):
+            raise ZeroCheckpointError(
+                f"param group {group}: the universal checkpoint holds parameters that differ "
+                f"from this model's in {sorted(set(names) ^ set(mine))[:10]}; the model must "
+                f"have the same trainable parameters in the same groups")
+        for name, numel in mine.items():
+            if int(torch.Size(shapes[name]).numel()) != int(numel):
+                raise ZeroCheckpointError(
+                    f"parameter {name!r}: the universal checkpoint holds shape "
+                    f"{tuple(shapes[name])}, this model has {numel} elements")
+
+
+def _cut(checkpoint_dir, described, world_size, rank, key):
+    """This rank's flat partition of tensor ``key`` of one group (padding zero)."""
+    needed = sorted({name for name, *_ in
+                     layout_math.partition_ranges(described, world_size, rank)})
+    whole = {n: load_param_state(checkpoint_dir, n, key).reshape(-1) for n in needed}
+    dtype = next(iter(whole.values())).dtype if whole else torch.float32
+    return layout_math.split(described, world_size, rank, whole, dtype=dtype)
+
+
+def universal_partition_state_dict(opt, checkpoint_dir):
+    """A ``partition_state_dict`` (see ``deepspeed.zero.checkpointing``) for this rank of
+    ``opt``'s current layout, built from the universal checkpoint in ``checkpoint_dir``."""
+    info = read_info(checkpoint_dir)
+    described = layout_math.describe(opt.layouts, opt.param_names)
+    _check_groups(info, described, checkpoint_dir)
+    fp32, states = [], []
+    for group, buckets in enumerate(described):
+        fp32.append(_cut(checkpoint_dir, buckets, opt.world_size, opt.rank, FP32_KEY))
+        states.append({key: _cut(checkpoint_dir, buckets, opt.world_size, opt.rank, key)
+                       for key in info["state_keys"][group]})
+    frozen = {}
+    for name in _frozen_zero3_params(opt):
+        if name not in info["frozen_param_shapes"]:
+            raise ZeroCheckpointError(f"the frozen parameter {name!r} is not in the universal "
+                                      f"checkpoint '{checkpoint_dir}'")
+        frozen[name] = load_param_state(checkpoint_dir, name, FP32_KEY, mmap=False)
+    return {
+        "zero_stage": opt.stage, "partition_count": opt.world_size, "layout": described,
+        "single_partition_of_fp32_groups": fp32, "optimizer_state": states,
+        "optimizer_scalars": info["optimizer_scalars"], "param_groups": info["param_groups"],
+        "frozen_shards": None, "frozen_full": frozen, "loss_scaler": info.get("loss_scaler"),
+        "overflow": False,
+    }
+
+
+def load_universal_checkpoint(opt, checkpoint_dir):
+    """Restore ``opt`` (fp32 partitions, moments, scalars, hyperparameters, frozen ZeRO-3
+    shards, and the module weights derived from the fp32 partitions)."""
+    load_partition_state_dict(opt, universal_partition_state_dict(opt, checkpoint_dir))
