@@ -1,0 +1,1 @@
+"""``deepspeed.monitor``: training events to TensorBoard, Weights & Biases, CSV files and Comet."""
