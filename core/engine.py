@@ -86,7 +86,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def _subscribe_comm_events(self):
         if self.hook.deepspeed_comm_op.get_hookimpls():
-            self._comm_observer = lambda record: self.hook.deepspeed_comm_op(record=record)
+            self._comm_observer = _EngineCommObserver(self)
             dist.add_comm_observer(self._comm_observer)
 
     def destroy(self):
@@ -348,6 +348,22 @@ class DeepSpeedEngine(torch.nn.Module):
 
         return save_16bit_model(self, save_dir, save_filename=save_filename,
                                 exclude_frozen_parameters=exclude_frozen_parameters)
+
+
+class _EngineCommObserver:
+    """What ``deepspeed.comm`` sees of an engine: each completed op goes to the plugins'
+    ``deepspeed_comm_op``, and ``deepspeed.comm.log_summary()`` to ``deepspeed_comm_summary``."""
+
+    def __init__(self, engine):
+        self.hook = engine.hook
+        self.engine = engine
+
+    def __call__(self, record):
+        self.hook.deepspeed_comm_op(record=record)
+
+    def log_summary(self, show_straggler=False, return_dict=False):
+        return self.hook.deepspeed_comm_summary(engine=self.engine, show_straggler=show_straggler,
+                                                return_dict=return_dict)
 
 
 def _cast_floats(value, dtype):

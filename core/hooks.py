@@ -132,6 +132,14 @@ def deepspeed_comm_op(record):
     """
 
 
+@hookspec(firstresult=True)
+def deepspeed_comm_summary(engine, show_straggler, return_dict):
+    """Answer ``deepspeed.comm.log_summary(show_straggler, return_dict)`` for this engine
+    (first result wins): print the per-op summary of the communication recorded so far and
+    return what ``return_dict`` asks for. Only consulted while the engine is subscribed to
+    ``deepspeed.comm`` (an enabled plugin implements ``deepspeed_comm_op``)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoints (see ``deepspeed.checkpoint``)
 # ---------------------------------------------------------------------------------------------

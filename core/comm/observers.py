@@ -175,7 +175,8 @@ def _check_ops(value, where):
 
 
 def configure(config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None, debug=None):
-    """Store comms_logger settings: first from `config`'s "comms_logger" section, then keywords."""
+    """Store comms_logger settings: first from `config`'s "comms_logger" section, then keywords;
+    then start (enabled) or stop (disabled) the engine-less logger, see below."""
     section = _section_of(config) if config is not None else None
     allowed = [f.name for f in fields(CommsLoggerSettings)]
     if section:
@@ -193,6 +194,30 @@ def configure(config=None, enabled=None, prof_all=None, prof_ops=None, verbose=N
             setattr(_settings, key, _check_bool(key, value, "configure(): "))
     if prof_ops is not None:
         _settings.prof_ops = _check_ops(prof_ops, "configure(): ")
+    _sync_configured_logger()
+
+
+def _sync_configured_logger():
+    """Without an engine nobody else observes: enabled, ask the installed plugin that owns the
+    comms_logger section for a logger (`create_comms_logger(settings)`) and observe with it;
+    disabled, drop that logger again. The core names no plugin: it finds the owner by section."""
+    ours = [o for o in _observers if getattr(o, "created_by_configure", False)]
+    if not _settings.enabled:
+        for observer in ours:
+            remove_comm_observer(observer)
+        return
+    if ours:
+        return
+    from deepspeed.plugin_manager import installed_plugins  # lazy: it is above comm
+
+    for spec in installed_plugins().values():
+        plugin = spec.load()
+        factory = getattr(plugin, "create_comms_logger", None)
+        if "comms_logger" in (getattr(plugin, "config_sections", None) or {}) and callable(factory):
+            add_comm_observer(factory(_settings))
+            return
+    logger.warning("comms_logger is enabled but no installed plugin provides a communication "
+                   "logger (one owning the 'comms_logger' section); nothing will be logged")
 
 
 def log_summary(show_straggler=False, return_dict=False):

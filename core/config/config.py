@@ -45,11 +45,26 @@ def resolve_world_size(world_size: Optional[int], mpu=None) -> int:
         raise DeepSpeedConfigError(f"environment variable WORLD_SIZE={env!r} is not an integer") from None
 
 
+def installed_sections() -> Dict[str, Any]:
+    """The config sections every installed plugin contributes (``deepspeed.plugins`` entry
+    points), for a ``DeepSpeedConfig`` built outside ``deepspeed.initialize``."""
+    from deepspeed.plugin_manager import PluginCatalog
+
+    return PluginCatalog().sections
+
+
+MONITOR_SECTIONS = ("tensorboard", "wandb", "csv_monitor", "comet")
+
+
 class DeepSpeedConfig:
-    """A user config, validated against the core keys plus the plugin `sections`."""
+    """A user config, validated against the core keys plus the plugin `sections`
+    (default: those of every installed plugin, as ``deepspeed.initialize`` uses; ``{}``
+    validates the core keys alone)."""
 
     def __init__(self, config: Any, mpu=None, *, sections: Optional[Mapping[str, Any]] = None,
                  world_size: Optional[int] = None):
+        if sections is None:
+            sections = installed_sections()
         self.source: Optional[str] = describe_source(config)
         self.raw: Dict[str, Any] = load_config_source(config)
         if self.source is None and isinstance(config, str):
@@ -232,6 +247,12 @@ class DeepSpeedConfig:
     @property
     def scheduler_params(self) -> Optional[Dict[str, Any]]:
         return dict(self.core.scheduler.params) if self.core.scheduler is not None else None
+
+    @property
+    def monitor_config(self) -> Dict[str, Any]:
+        """The monitor sections as written (``MonitorMaster(ds_config.monitor_config)``, as in
+        the Monitor tutorial)."""
+        return {key: self.raw[key] for key in MONITOR_SECTIONS if key in self.raw}
 
     @property
     def zero_allow_untested_optimizer(self) -> bool:

@@ -169,7 +169,8 @@ def test_plugin_section_may_not_shadow_a_core_key():
 def test_documented_feature_key_without_plugin(key):
     assert key in FEATURE_SECTIONS
     with pytest.raises(DeepSpeedConfigError) as info:
-        DeepSpeedConfig({"train_batch_size": 8, key: {"enabled": True}}, world_size=1)
+        DeepSpeedConfig({"train_batch_size": 8, key: {"enabled": True}}, sections={},
+                        world_size=1)
     message = str(info.value)
     assert f"'{key}' is a DeepSpeed config section, but no installed plugin provides it" in message
     assert "did you mean" not in message

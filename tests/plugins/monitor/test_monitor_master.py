@@ -124,3 +124,20 @@ def test_comet_offline_experiment_logs_with_the_sample_interval(tmp_path, monkey
     monitor.write_events([("loss", 1.0, 4), ("loss", 0.9, 8), ("loss", 0.8, 16)])
     monitor.close()
     assert logged == [("loss", 1.0, 4), ("loss", 0.8, 16)]
+
+
+def test_the_tutorial_usage_through_deepspeed_config(tmp_path):
+    """`MonitorMaster(DeepSpeedConfig("ds_config.json").monitor_config)` as the tutorial writes."""
+    import json
+
+    from deepspeed.monitor.monitor import MonitorMaster
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": 2, "csv_monitor": {
+        "enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "tutorial"}}))
+    monitor = MonitorMaster(DeepSpeedConfig(str(path), world_size=1).monitor_config)
+    monitor.write_events([("Test/accuracy", 0.5, 10), ("Test/accuracy", 0.75, 20)])
+    monitor.close()
+    rows = (tmp_path / "csv" / "tutorial" / "Test_accuracy.csv").read_text().splitlines()
+    assert rows == ["step,accuracy", "10,0.5", "20,0.75"]

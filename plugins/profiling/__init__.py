@@ -1,0 +1,1 @@
+"""``deepspeed.profiling``: the flops profiler and PyTorch-profiler helpers."""
