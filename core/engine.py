@@ -273,7 +273,9 @@ class DeepSpeedEngine(torch.nn.Module):
             self._last_loss.item() * self.gradient_accumulation_steps()
         log_dist(f"step={self.global_steps}, skipped={self.skipped_steps}, lr={self.get_lr()}, "
                  f"loss={loss}, samples/sec={current:.2f} (avg {average:.2f})", ranks=[0])
-        self.timers.log(STEP_TIMERS)
+        # the engine's own phases first, then any a plugin timed (ZeRO's reduce / all-gather)
+        self.timers.log(STEP_TIMERS + [name for name in getattr(self.timers, "timers", {})
+                                       if name not in STEP_TIMERS])
 
     # ------------------------------------------------------------------ queries and switches
     @contextmanager

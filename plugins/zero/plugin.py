@@ -170,7 +170,7 @@ class ZeroPlugin(DeepSpeedPlugin):
                    if device is OffloadDeviceEnum.nvme else None)
         return DeepSpeedZeroOptimizer(
             optimizer, config=config, zero_config=zero_config, module=engine.module,
-            dp_group=engine.dp_group, nvme_swapper=swapper,
+            dp_group=engine.dp_group, nvme_swapper=swapper, timers=engine.timers,
             offload_device="cpu" if device is not OffloadDeviceEnum.none else None)
 
     @hookimpl

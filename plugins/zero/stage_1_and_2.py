@@ -24,6 +24,7 @@ from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
+from deepspeed.utils.timer import NoopTimer
 from deepspeed.zero.fragment_access import FragmentAccessMixin
 from deepspeed.zero.gradient_reduction import GradientReducer
 from deepspeed.zero.partition import build_layout, build_shard_layout
@@ -34,8 +35,9 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin):
     rank's fp32 partitions instead."""
 
     def __init__(self, optimizer, *, config, zero_config, module, dp_group=None, nvme_swapper=None,
-                 offload_device=None):
+                 offload_device=None, timers=None):
         self.optimizer = optimizer
+        self.timers = timers if timers is not None else NoopTimer()  # wall_clock_breakdown
         self.config = config
         self.zero_config = zero_config
         self.stage = int(zero_config.stage)
@@ -188,13 +190,17 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin):
     def accumulate_micro_grads(self):
         """Stage 2 reduces every micro-batch: finish this backward's buckets."""
         if self.stage >= 2:
+            self.timers("zero_reduce_wait").start()
             self.reducer.finish()
+            self.timers("zero_reduce_wait").stop()
 
     def reduce_gradients(self):
         """At the accumulation boundary (the plugin's reduce hook)."""
         if self.stage < 2:
+            self.timers("zero_reduce").start()
             self.reducer.reduce_param_grads(
                 [p for params in self.partitioned_params for p in params])
+            self.timers("zero_reduce").stop()
 
     def reduction_grads(self):
         return []  # the plugin reduces; the core all-reduce never runs under ZeRO
@@ -235,6 +241,13 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin):
 
     def optimizer_step(self):
         """Step this rank's partition and cast it into the model's buckets."""
+        self.timers("zero_optimizer_step").start()
+        try:
+            self._optimizer_step()
+        finally:
+            self.timers("zero_optimizer_step").stop()
+
+    def _optimizer_step(self):
         if self.swapper is None:
             self._attach_grads(self.all_chunks)
             self.optimizer.step()
@@ -282,6 +295,13 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin):
     def after_optimizer_step(self):
         """Publish every rank's updated piece to all ranks (ZeRO-3: only the persistent
         parameters are whole between steps; the rest are gathered when next used)."""
+        self.timers("zero_allgather").start()
+        try:
+            self._publish()
+        finally:
+            self.timers("zero_allgather").stop()
+
+    def _publish(self):
         if self.stage >= 3:
             persistent = [p for params in self.partitioned_params for p in params if p.ds_persist]
             for param in persistent:

@@ -195,3 +195,18 @@ def _refusal(case, path=None):
 def test_documented_refusals(dist_pool, tmp_path, case, expected):
     for outcome in dist_pool.run(_refusal, args=(case, str(tmp_path / "absent"))):
         assert expected in outcome
+
+
+def _timer_names(stage):
+    config = ds_config(stage, 1)
+    config["wall_clock_breakdown"] = True
+    engine, _ = _init(stage, config=config)
+    engine.backward(engine(torch.randn(2, 7)).pow(2).mean())
+    engine.step()
+    return sorted(name for name, timer in engine.timers.timers.items() if timer.count)
+
+
+@pytest.mark.parametrize("stage,phase", [(1, "zero_reduce"), (2, "zero_reduce_wait")])
+def test_wall_clock_breakdown_times_the_zero_phases(dist_pool, stage, phase):
+    names = dist_pool.run(_timer_names, args=(stage,))[0]
+    assert {phase, "zero_optimizer_step", "zero_allgather", "forward", "step"} <= set(names)
