@@ -6,10 +6,11 @@
 import torch
 
 from deepspeed.precision.loss_scaler import DynamicLossScaler, LossScaler, loss_scaler_from_config
-from deepspeed.precision.mixed_precision import FullPrecision, MixedPrecisionOptimizer
+from deepspeed.precision.mixed_precision import (FullPrecision, MixedPrecisionOptimizer,
+                                                 OptimizerFace)
 
 __all__ = ["training_dtype", "precision_for", "FullPrecision", "MixedPrecisionOptimizer",
-           "LossScaler", "DynamicLossScaler", "check_precision_supported"]
+           "OptimizerFace", "LossScaler", "DynamicLossScaler", "check_precision_supported"]
 
 
 def training_dtype(config):

@@ -71,7 +71,33 @@ class FullPrecision:
             param.grad = None
 
 
-class MixedPrecisionOptimizer:
+class OptimizerFace:
+    """What users and LR schedulers see of an optimizer that wraps another (``self.optimizer``)
+    and may own a loss scaler (``self.loss_scaler``): fp16/bf16 masters here, ZeRO's
+    partitions in the zero plugin."""
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @property
+    def cur_scale(self):
+        return self.loss_scaler.cur_scale if self.loss_scaler is not None else 1.0
+
+    @property
+    def loss_scale(self):
+        return self.cur_scale
+
+
+class MixedPrecisionOptimizer(OptimizerFace):
     """Wraps an optimizer built over a 16-bit model so that it steps fp32 master weights.
 
     This is what ``deepspeed.initialize`` returns as the optimizer under fp16/bf16. Its
@@ -97,25 +123,6 @@ class MixedPrecisionOptimizer:
                 self._pairs.append((param, master))
                 masters.append(master)
             group["params"] = masters
-
-    # ---- the optimizer face users and schedulers see
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def defaults(self):
-        return self.optimizer.defaults
-
-    @property
-    def cur_scale(self):
-        return self.loss_scaler.cur_scale if self.loss_scaler is not None else 1.0
-
-    loss_scale = cur_scale
 
     def step(self, closure=None):
         """Step the masters and refresh the model; the engine calls ``unscale_grads`` first."""

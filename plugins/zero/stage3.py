@@ -32,23 +32,19 @@ class _GatherBeforeBackward(torch.autograd.Function):
         return (None, *grads)
 
 
+def _tensors_in(value, wanted):
+    """The tensors in a (nested list / tuple / dict) module output for which ``wanted`` holds."""
+    if torch.is_tensor(value):
+        return [value] if wanted(value) else []
+    items = value.values() if isinstance(value, dict) else \
+        value if isinstance(value, (list, tuple)) else ()
+    return [t for item in items for t in _tensors_in(item, wanted)]
+
+
 def _wrap_outputs(output, gather):
     """``output`` with its grad-requiring tensors routed through ``_GatherBeforeBackward``
     (nested lists, tuples and dicts, including HF ``ModelOutput``s, keep their type)."""
-    found = []
-
-    def collect(value):
-        if torch.is_tensor(value):
-            if value.requires_grad:
-                found.append(value)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                collect(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                collect(item)
-
-    collect(output)
+    found = _tensors_in(output, lambda t: t.requires_grad)
     if not found:
         return output
     wrapped = _GatherBeforeBackward.apply(gather, *found)
@@ -185,19 +181,7 @@ class ParameterCoordinator:
         if not self._running:
             return
         own = {id(p): p for p in module._parameters.values() if p is not None and is_zero_param(p)}
-        returned = []
-
-        def collect(value):
-            if isinstance(value, torch.nn.Parameter) and id(value) in own:
-                returned.append(value)
-            elif isinstance(value, (list, tuple)):
-                for item in value:
-                    collect(item)
-            elif isinstance(value, dict):
-                for item in value.values():
-                    collect(item)
-
-        collect(output)
+        returned = _tensors_in(output, lambda t: id(t) in own)
         parent = self._running[-1]
         for param in returned:
             if id(param) not in parent.__dict__.get(EXTERNAL_PARAMS, {}):

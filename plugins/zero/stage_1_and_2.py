@@ -22,6 +22,7 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.precision import OptimizerFace
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
 from deepspeed.utils.timer import NoopTimer
@@ -30,7 +31,7 @@ from deepspeed.zero.gradient_reduction import GradientReducer
 from deepspeed.zero.partition import build_layout, build_shard_layout
 
 
-class DeepSpeedZeroOptimizer(FragmentAccessMixin):
+class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
     """Wraps the basic optimizer (built over the model's parameters) so that it steps this
     rank's fp32 partitions instead."""
 
@@ -136,24 +137,6 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin):
         return out
 
     # ------------------------------------------------------------------ optimizer face
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def defaults(self):
-        return self.optimizer.defaults
-
-    @property
-    def cur_scale(self):
-        return self.loss_scaler.cur_scale if self.loss_scaler is not None else 1.0
-
-    loss_scale = cur_scale
-
     def step(self, closure=None):
         """Step the partitions and publish them; the engine unscales and clips first."""
         if closure is not None:
