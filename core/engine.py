@@ -344,6 +344,26 @@ class DeepSpeedEngine(torch.nn.Module):
                                load_lr_scheduler_states=load_lr_scheduler_states,
                                load_module_only=load_module_only, custom_load_fn=custom_load_fn)
 
+    def zero_gather_16bit_weights_on_model_save(self):
+        """Whether a 16-bit save gathers ZeRO-3 shards (HF Trainer asks before saving)."""
+        section = self.config.section("zero_optimization") \
+            if self.config.has_section("zero_optimization") else None
+        return bool(getattr(section, "gather_16bit_weights_on_model_save", False))
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """The whole module's weights in their training dtype, gathered from shards where a
+        plugin holds them; on global rank 0 (None elsewhere). Collective. Upstream's name,
+        called by HF Trainer / Accelerate."""
+        from deepspeed.checkpoint.model_state import module_state_dict
+
+        built = self.hook.deepspeed_consolidated_16bit_state_dict(
+            engine=self, exclude_frozen_parameters=exclude_frozen_parameters)
+        if built is not None:
+            return built["state_dict"]
+        if dist.get_rank() != 0:
+            return None
+        return module_state_dict(self.module, exclude_frozen_parameters)
+
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
                          exclude_frozen_parameters=False):
         from deepspeed.checkpoint import save_16bit_model

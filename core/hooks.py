@@ -206,6 +206,14 @@ def deepspeed_load_checkpoint(engine, load_dir, tag, checkpoint_dir, state,
 
 
 @hookspec(firstresult=True)
+def deepspeed_consolidated_16bit_state_dict(engine, exclude_frozen_parameters):
+    """Build the module's full state dict from shards (first result wins), for plugins whose
+    module holds only shards (ZeRO-3). Collective. Return ``{"state_dict": dict or None}``:
+    the dict on global rank 0, None on the other ranks; return None itself to let the core
+    use ``engine.module.state_dict()``."""
+
+
+@hookspec(firstresult=True)
 def deepspeed_save_16bit_model(engine, save_dir, save_filename, exclude_frozen_parameters):
     """Save the 16-bit weights yourself (first result wins), for plugins whose module holds
     only shards (ZeRO-3).

@@ -106,6 +106,18 @@ class DeepSpeedConfig:
         name = self._core_field_name(key)
         return name is not None and name in self.core.model_fields_set
 
+    # -- the dict face integrations read (HF Trainer: ``engine.config.get(...)``) -------------
+    def get(self, key: str, default: Any = None) -> Any:
+        """The user's value of top-level ``key`` as written (HF reads the engine's config as
+        the dict it passed)."""
+        return self.raw.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.raw
+
     # -- output -----------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         """The resolved config: defaults filled in, batch triangle solved, old names renamed."""

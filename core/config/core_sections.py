@@ -185,6 +185,7 @@ class CoreConfig(DeepSpeedConfigModel):
     # 0.0 = no clipping: a user who wants clipping says so, and HF fills it from max_grad_norm.
     gradient_clipping: float = Field(0.0, ge=0)
     # None disables the periodic progress line.
+    # Accelerate sets float("inf") for "never": kept as None, which turns the report off
     steps_per_print: Optional[int] = Field(10, ge=1)
     wall_clock_breakdown: bool = False
     dump_state: bool = False
@@ -211,6 +212,13 @@ class CoreConfig(DeepSpeedConfigModel):
     # True: ZeRO-Offload insists on DeepSpeed's CPU optimizers; False lets any optimizer run.
     zero_force_ds_cpu_optimizer: bool = True
     dataloader_drop_last: bool = False
+
+    @field_validator("steps_per_print", mode="before")
+    @classmethod
+    def _infinite_means_never(cls, value):
+        if isinstance(value, float) and value == float("inf"):
+            return None
+        return value
 
     @field_validator("communication_data_type", mode="before")
     @classmethod

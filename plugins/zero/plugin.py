@@ -225,6 +225,14 @@ class ZeroPlugin(DeepSpeedPlugin):
         return save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters)
 
     @hookimpl
+    def deepspeed_consolidated_16bit_state_dict(self, engine, exclude_frozen_parameters):
+        if self.coordinator is None:
+            return None
+        from deepspeed.zero.stage3 import gather_16bit_state_dict
+
+        return {"state_dict": gather_16bit_state_dict(engine.module, exclude_frozen_parameters)}
+
+    @hookimpl
     def deepspeed_load_module_state(self, engine, state_dict, strict):
         if self.coordinator is None:
             return None

@@ -273,16 +273,11 @@ def load_full_state_dict(module, state_dict):
     return missing, unexpected
 
 
-def save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters):
-    """Gather one parameter at a time (bounded memory) into a full state dict that global rank
-    0 writes atomically. Collective. Returns True."""
-    import os
-
+def gather_16bit_state_dict(module, exclude_frozen_parameters=False):
+    """The full state dict, gathered one parameter at a time (bounded memory), on global rank
+    0; None on the other ranks. Collective."""
     from deepspeed import comm as dist
-    from deepspeed.checkpoint import atomic_torch_save
-    from deepspeed.checkpoint.collective import on_all_ranks
 
-    module = engine.module
     writer = dist.get_rank() == 0
     state = {}
     frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
@@ -298,6 +293,18 @@ def save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parame
                 tensor.ds_partitioner.release([tensor])
         elif writer:
             state[name] = tensor.detach().clone()
+    return state if writer else None
+
+
+def save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters):
+    """``gather_16bit_state_dict``, written atomically by global rank 0. Returns True."""
+    import os
+
+    from deepspeed.checkpoint import atomic_torch_save
+    from deepspeed.checkpoint.collective import on_all_ranks
+
+    state = gather_16bit_state_dict(engine.module, exclude_frozen_parameters)
+    writer = state is not None
     path = os.path.join(os.fspath(save_dir), save_filename)
 
     def write():

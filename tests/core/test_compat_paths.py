@@ -29,3 +29,15 @@ def test_top_level_names():
     for name in ("initialize", "add_config_arguments", "init_distributed", "DeepSpeedEngine",
                  "DeepSpeedConfig", "get_accelerator", "hookimpl", "__version__", "comm"):
         assert getattr(deepspeed, name) is not None, name
+
+
+def test_runtime_submodules_reachable_as_attributes():
+    """Accelerate reads ``deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES`` after a bare
+    ``import deepspeed``: checked in a fresh interpreter, where nothing imported it first."""
+    import subprocess
+    import sys
+
+    code = ("import deepspeed; print(len(deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES), "
+            "deepspeed.runtime.engine.DeepSpeedEngine.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[1] == "DeepSpeedEngine"

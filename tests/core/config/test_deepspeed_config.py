@@ -298,3 +298,12 @@ def test_print_is_silent_on_other_ranks(monkeypatch, log_records):
     monkeypatch.setenv("RANK", "1")
     DeepSpeedConfig(CONFIG, world_size=2).print()
     assert log_records == []
+
+
+def test_infinite_steps_per_print_means_never_and_the_dict_face():
+    """Accelerate writes steps_per_print=inf and reads engine.config like the dict it passed."""
+    config = DeepSpeedConfig({"train_batch_size": 8, "steps_per_print": float("inf")},
+                             sections={}, world_size=1)
+    assert config.steps_per_print is None
+    assert config.get("train_batch_size") == 8 and config.get("absent", 3) == 3
+    assert "train_batch_size" in config and config["train_batch_size"] == 8

@@ -443,3 +443,29 @@ def test_zero_init_straight_to_nvme(dist_pool, tmp_path):
     for on_disk, files, out in dist_pool.run(_init_on_nvme, args=(str(tmp_path),)):
         assert on_disk and files >= 4
         torch.testing.assert_close(out, expected.detach(), rtol=0, atol=0)
+
+
+def _hf_save_face():
+    import deepspeed
+    from deepspeed import comm as dist
+
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "stage3_gather_16bit_weights_on_model_save": True}}
+    engine, *_ = deepspeed.initialize(model=_mlp(), config=config)
+    state = engine._zero3_consolidated_16bit_state_dict()
+    return (dist.get_rank(), engine.zero_gather_16bit_weights_on_model_save(),
+            engine.config.get("zero_optimization")["stage"], state)
+
+
+def test_the_16bit_save_face_hf_trainer_calls(dist_pool):
+    expected = _mlp().state_dict()
+    for rank, flag, stage, state in dist_pool.run(_hf_save_face):
+        assert flag is True and stage == 3
+        if rank == 0:
+            assert state.keys() == expected.keys()
+            for name, value in expected.items():
+                torch.testing.assert_close(state[name], value, rtol=0, atol=0)
+        else:
+            assert state is None

@@ -1,0 +1,122 @@
+"""The `deepspeed` import paths and engine members that transformers/accelerate use.
+
+Hugging Face code imports most of these lazily inside functions, so a missing path only shows up
+deep inside a training run. These tests pin every path listed as present in
+docs/hf_integration_inventory.md so that a refactor cannot silently drop one.
+"""
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (test extra 'hf')")
+pytest.importorskip("accelerate", reason="accelerate is not installed (test extra 'hf')")
+
+# (module, name) pairs imported by transformers / accelerate (see the inventory doc for where).
+IMPORT_PATHS = [
+    ("deepspeed", "__version__"),
+    ("deepspeed", "initialize"),
+    ("deepspeed", "DeepSpeedEngine"),
+    ("deepspeed", "comm"),
+    ("deepspeed", "zero"),
+    ("deepspeed.comm", "is_initialized"),
+    ("deepspeed.comm", "init_distributed"),
+    ("deepspeed.comm", "get_rank"),
+    ("deepspeed.accelerator", "get_accelerator"),
+    ("deepspeed.utils", "logger"),
+    ("deepspeed.zero", "GatheredParameters"),
+    ("deepspeed.zero", "Init"),
+    ("deepspeed.zero", "register_external_parameter"),
+    ("deepspeed.runtime.engine", "DeepSpeedEngine"),
+    ("deepspeed.runtime.lr_schedules", "VALID_LR_SCHEDULES"),
+    ("deepspeed.checkpoint.utils", "clone_tensors_for_torch_save"),
+    ("deepspeed.ops.adam", "DeepSpeedCPUAdam"),
+    ("deepspeed.ops.adagrad", "DeepSpeedCPUAdagrad"),
+    ("deepspeed.ops.lion", "DeepSpeedCPULion"),
+]
+
+# Chains HF reaches with only `import deepspeed` done (no import of the submodule itself).
+BARE_IMPORT_CHAINS = [
+    "initialize",
+    "comm.get_rank",
+    "zero.GatheredParameters",
+    "zero.Init",
+    "zero.register_external_parameter",
+]
+
+# Engine methods HF calls, with the keyword arguments it passes.
+ENGINE_METHODS = {
+    "backward": [],
+    "step": [],
+    "set_gradient_accumulation_boundary": ["is_boundary"],
+    "get_global_grad_norm": [],
+    "save_checkpoint": ["exclude_frozen_parameters"],
+    "load_checkpoint": ["load_module_strict", "load_optimizer_states", "load_lr_scheduler_states"],
+    "destroy": [],
+    "compile": [],
+    "save_16bit_model": [],
+    "zero_optimization_stage": [],
+    "gradient_accumulation_steps": [],
+    "train": [],
+    "eval": [],
+    "state_dict": [],
+}
+
+
+@pytest.mark.parametrize("module,name", IMPORT_PATHS, ids=[f"{m}:{n}" for m, n in IMPORT_PATHS])
+def test_import_path_exists(module, name):
+    mod = importlib.import_module(module)
+    assert hasattr(mod, name), f"{module} has no attribute {name!r} (used by transformers/accelerate)"
+
+
+def test_attribute_chains_reachable_after_bare_import():
+    """HF writes `import deepspeed; deepspeed.zero.X(...)`: the chain must resolve without an
+    explicit submodule import, which only a fresh interpreter can show."""
+    code = (
+        "import deepspeed\n"
+        f"missing = []\n"
+        f"for chain in {BARE_IMPORT_CHAINS!r}:\n"
+        "    obj = deepspeed\n"
+        "    try:\n"
+        "        for part in chain.split('.'):\n"
+        "            obj = getattr(obj, part)\n"
+        "    except AttributeError:\n"
+        "        missing.append(chain)\n"
+        "print(','.join(missing))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    missing = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    assert missing == "", f"not reachable after bare `import deepspeed`: {missing}"
+
+
+@pytest.mark.parametrize("method", sorted(ENGINE_METHODS))
+def test_engine_method_accepts_hf_keywords(method):
+    from deepspeed import DeepSpeedEngine
+
+    fn = getattr(DeepSpeedEngine, method, None)
+    assert callable(fn), f"DeepSpeedEngine.{method} is missing (called by transformers/accelerate)"
+    params = inspect.signature(fn).parameters
+    takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for kw in ENGINE_METHODS[method]:
+        assert kw in params or takes_var_kw, f"DeepSpeedEngine.{method} does not accept {kw}="
+
+
+def test_engine_module_and_runtime_engine_are_the_same_class():
+    import deepspeed
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    assert deepspeed.DeepSpeedEngine is DeepSpeedEngine
+
+
+def test_hf_integration_sees_deepspeed():
+    from accelerate.utils import is_deepspeed_available as accelerate_available
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import is_deepspeed_available as hf_available
+
+    assert hf_available() is True
+    assert accelerate_available() is True
+    cfg = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    assert cfg.is_zero3()
