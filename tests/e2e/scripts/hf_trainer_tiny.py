@@ -1,21 +1,36 @@
 """A plain Hugging Face Trainer script with a DeepSpeed config dict full of "auto" values, as the
 HF docs show it; nothing in it knows which DeepSpeed implementation is installed.
 
-    deepspeed --num_gpus 2 hf_trainer_tiny.py <output_dir> <zero stage>
+    deepspeed --num_gpus 2 hf_trainer_tiny.py <output_dir> <mode>
+    torchrun --nproc_per_node 2 hf_trainer_tiny.py <output_dir> ddp
+
+mode: ddp (no DeepSpeed: the reference), z2, z3, z2_offload. Under DeepSpeed the script then
+trains again in <output_dir>/resumed, resuming (resume_from_checkpoint=True) from a copy of the
+first run's checkpoint-4.
+
+Each rank writes <output_dir>/losses_rank<r>.json: its own unrounded loss of every step run by
+this process (the Trainer's logged loss is rounded and averaged, too coarse to compare runs).
+Rank 0 also writes logits.pt (the trained model's logits on a fixed batch, computed through the
+wrapped model so ZeRO-3 gathers its partitions) and model_config.json.
 """
 import json
+import os
+import shutil
 import sys
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 # the deepspeed launcher adds --local_rank=N, as it does for every script
-output_dir, stage = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][:2]
-stage = int(stage)
+output_dir, mode = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][:2]
+ZERO = {"z2": {"stage": 2}, "z3": {"stage": 3},
+        "z2_offload": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+if mode != "ddp" and mode not in ZERO:
+    sys.exit(f"unknown mode {mode!r}; expected ddp, {', '.join(ZERO)}")
 
 
 class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n=32, seq=16):
+    def __init__(self, n=64, seq=16):
         self.x = torch.randint(0, 64, (n, seq), generator=torch.Generator().manual_seed(0))
 
     def __len__(self):
@@ -25,17 +40,65 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-torch.manual_seed(0)
-model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32))
-args = TrainingArguments(
-    output_dir=output_dir, max_steps=4, per_device_train_batch_size=2, report_to=[],
-    use_cpu=True, logging_steps=1, save_strategy="steps", save_steps=4,
-    deepspeed={"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-               "gradient_clipping": "auto", "zero_optimization": {"stage": stage},
-               "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}})
-trainer = Trainer(model=model, args=args, train_dataset=RandomTokens())
-result = trainer.train()
-trainer.save_model(f"{output_dir}/final")
+class RecordingTrainer(Trainer):
+    """Keeps each step's exact loss on this rank (gradient accumulation is 1: a call is a step)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_losses = []
+
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        self.step_losses.append(loss.item())
+        return loss
+
+
+# no dropout: DDP and DeepSpeed draw random numbers in different places; with dropout the runs
+# could only agree statistically
+config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+ds_config = None
+if mode != "ddp":
+    ds_config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                 "gradient_clipping": "auto", "zero_optimization": ZERO[mode],
+                 "optimizer": {"type": "AdamW",
+                               "params": {"lr": "auto", "weight_decay": "auto",
+                                          "betas": "auto", "eps": "auto"}}}
+
+
+def train(folder, seed, resume):
+    """One Trainer run into ``folder``; writes this rank's step losses there."""
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    args = TrainingArguments(
+        output_dir=folder, max_steps=8, per_device_train_batch_size=2, report_to=[],
+        use_cpu=True, logging_steps=1, save_strategy="steps", save_steps=4, optim="adamw_torch",
+        learning_rate=1e-3, weight_decay=0.01, deepspeed=ds_config)
+    trainer = RecordingTrainer(model=model, args=args, train_dataset=RandomTokens())
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    with open(os.path.join(folder, f"losses_rank{trainer.args.process_index}.json"), "w") as f:
+        json.dump({"first_step": trainer.state.global_step - len(trainer.step_losses) + 1,
+                   "losses": trainer.step_losses}, f)
+    return trainer
+
+
+trainer = train(output_dir, seed=0, resume=False)
+wrapped = trainer.model_wrapped
+wrapped.eval()
+probe = RandomTokens().x[:4]  # the test rebuilds the same batch
+with torch.no_grad():
+    logits = wrapped(input_ids=probe).logits
 if trainer.is_world_process_zero():
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    print("RESULT " + json.dumps({"training_loss": result.training_loss, "losses": losses}))
+    torch.save(logits, os.path.join(output_dir, "logits.pt"))
+    config.to_json_file(os.path.join(output_dir, "model_config.json"))
+
+if mode != "ddp":
+    # resume in this process (as HF's own DeepSpeed tests do) from a copy of the step-4
+    # checkpoint alone, as if the run had died after step 4; a different init seed shows that
+    # the weights come from the checkpoint
+    resumed = os.path.join(output_dir, "resumed")
+    if trainer.is_world_process_zero():
+        shutil.copytree(os.path.join(output_dir, "checkpoint-4"),
+                        os.path.join(resumed, "checkpoint-4"))
+    torch.distributed.barrier()
+    train(resumed, seed=1, resume=True)
