@@ -26,6 +26,25 @@ CSRC_ROOT = Path(__file__).resolve().parent.parent / "csrc"
 _LOG_TAIL_LINES = 40
 
 
+def _read_owner(path):
+    """The pid recorded in a ``lock.owner`` file, or None."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class OpBuildError(RuntimeError):
     """A native op could not be built or loaded; the message names the op and why."""
 
@@ -188,33 +207,50 @@ class OpBuilder:
     def _jit_kwargs(self):
         return dict(extra_cflags=self.cxx_args(), extra_ldflags=self.extra_ldflags())
 
-    def _clear_stale_build_lock(self, cpp_extension):
-        """torch waits forever on a build directory's ``lock`` file; a build killed mid-way
-        (SIGKILL, OOM) leaves one behind and every later load of the op hangs. A lock older
-        than ``DS_BUILD_LOCK_STALE_S`` seconds (default 900; a build here takes about one
-        minute) is taken to be such a leftover and removed, with a warning."""
+    def build_directory(self, cpp_extension):
+        """Where this op is JIT-built. Under torch's default root each source tree gets its
+        own sub-directory (``deepspeed-<hash of csrc path>/<op>``): two checkouts or virtual
+        environments sharing ``~/.cache/torch_extensions`` would otherwise rebuild each other's
+        ops and wait on each other's lock. An explicit ``TORCH_EXTENSIONS_DIR`` is used as is."""
+        default = cpp_extension._get_build_directory(self.NAME, verbose=False)
+        if os.environ.get("TORCH_EXTENSIONS_DIR"):
+            return default
+        import hashlib
+
+        tree = hashlib.sha1(str(CSRC_ROOT).encode()).hexdigest()[:10]
+        path = os.path.join(os.path.dirname(default), f"deepspeed-{tree}", self.NAME)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def _clear_stale_build_lock(self, build_dir):
+        """torch waits forever on a build directory's ``lock`` file, and a build killed
+        mid-way (SIGKILL, OOM, a test timeout) leaves one behind. We record the building
+        process in ``lock.owner``: a lock whose owner is gone is removed at once; a lock
+        without a recorded owner only when older than ``DS_BUILD_LOCK_STALE_S`` seconds
+        (default 900; a build takes about a minute)."""
         import time
 
-        try:
-            build_dir = cpp_extension._get_build_directory(self.NAME, verbose=False)
-        except (RuntimeError, OSError):
-            return
         lock = os.path.join(build_dir, "lock")
-        stale_after = float(os.environ.get("DS_BUILD_LOCK_STALE_S", "900"))
         try:
             age = time.time() - os.path.getmtime(lock)
         except OSError:
             return  # no lock: nobody is building
-        if age > stale_after:
+        owner = _read_owner(lock + ".owner")
+        if owner is not None:
+            stale, why = not _process_alive(owner), f"its builder (pid {owner}) is gone"
+        else:
+            stale = age > float(os.environ.get("DS_BUILD_LOCK_STALE_S", "900"))
+            why = f"{age:.0f} s old; set DS_BUILD_LOCK_STALE_S to change the limit"
+        if stale:
             from deepspeed.utils.logging import logger
 
-            logger.warning(f"removing stale build lock '{lock}' of op '{self.NAME}' ({age:.0f} s "
-                           f"old; a build killed mid-way leaves one; set DS_BUILD_LOCK_STALE_S "
-                           f"to change the limit)")
-            try:
-                os.remove(lock)
-            except FileNotFoundError:
-                pass
+            logger.warning(f"removing stale build lock '{lock}' of op '{self.NAME}' ({why}; a "
+                           f"build killed mid-way leaves one)")
+            for leftover in (lock, lock + ".owner"):
+                try:
+                    os.remove(leftover)
+                except FileNotFoundError:
+                    pass
 
     def jit_load(self, verbose=True):
         """Compile (or reuse torch's cached build under TORCH_EXTENSIONS_DIR) and import the op."""
@@ -234,18 +270,25 @@ class OpBuilder:
                                f"(pip install ninja): {err}") from err
         sources = self.absolute_sources()
         kwargs = self._jit_kwargs()
-        self._clear_stale_build_lock(cpp_extension)
+        build_dir = self.build_directory(cpp_extension)
+        self._clear_stale_build_lock(build_dir)
+        owner = os.path.join(build_dir, "lock.owner")
         try:
+            if not os.path.exists(os.path.join(build_dir, "lock")):  # we are about to take it
+                with open(owner, "w") as f:
+                    f.write(str(os.getpid()))
             module = cpp_extension.load(name=self.NAME, sources=sources,
                                         extra_include_paths=self.absolute_include_paths(),
-                                        verbose=verbose, **kwargs)
+                                        build_directory=build_dir, verbose=verbose, **kwargs)
         except (RuntimeError, OSError, subprocess.SubprocessError) as err:
-            build_dir = cpp_extension._get_build_directory(self.NAME, verbose=False)
             flags = " ".join(kwargs.get("extra_cflags", []))
             raise OpBuildError(
                 f"op '{self.NAME}' failed to build (sources: {', '.join(sources)}; "
                 f"compiler: {os.environ.get('CXX', 'c++')} {flags}; build dir: {build_dir}).\n"
                 f"Compiler output (tail):\n{_tail(err)}") from err
+        finally:
+            if _read_owner(owner) == os.getpid():
+                os.remove(owner)
         self._loaded_modules[self.absolute_name()] = module
         return module
 

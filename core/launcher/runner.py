@@ -23,6 +23,9 @@ from deepspeed.launcher.launch import shell_exit_code
 from deepspeed.launcher.multinode_runner import RUNNERS, launch_passthrough_flags
 from deepspeed.utils.logging import logger
 
+# accelerate (`accelerate launch` with DeepSpeed) imports this name from here, as upstream's runner has it
+DEEPSPEED_ENVIRONMENT_NAME = C.DEEPSPEED_ENVIRONMENT_NAME
+
 
 class LauncherError(RuntimeError):
     """The launch cannot proceed on this machine (missing tool, unreachable host, no devices)."""

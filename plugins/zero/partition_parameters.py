@@ -235,6 +235,35 @@ def _add_methods(param):
 
 
 # ---------------------------------------------------------------------- zero.Init
+# torch's own tensor constructors, saved before any Init replaces them: code that customises the
+# wrapping (transformers keeps RoPE ``arange`` buffers in their explicit dtype) compares against these
+_orig_torch_empty = torch.empty
+_orig_torch_zeros = torch.zeros
+_orig_torch_ones = torch.ones
+_orig_torch_full = torch.full
+_orig_torch_arange = torch.arange
+_FP_CONSTRUCTORS = {"empty": _orig_torch_empty, "zeros": _orig_torch_zeros,
+                    "ones": _orig_torch_ones, "full": _orig_torch_full, "arange": _orig_torch_arange}
+
+
+def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype, target_device=None):
+    """Inside ``Init(dtype=...)`` buffers and temporaries a module builds with torch's
+    constructors must match the dtype its parameters are cast to, else the first forward mixes
+    dtypes. ``Init`` looks this function up by name each time it is entered, so a caller may
+    swap it for the duration (transformers does, to exempt ``_orig_torch_arange``).
+    ``target_device`` is used when the call names no device (None: torch's default)."""
+
+    def wrapped(*args, **kwargs):
+        if kwargs.get("device") is None and target_device is not None:
+            kwargs["device"] = target_device
+        tensor = fn(*args, **kwargs)
+        if tensor.is_floating_point() and tensor.dtype != target_fp_dtype:
+            tensor = tensor.to(target_fp_dtype)
+        return tensor
+
+    return wrapped
+
+
 class Init:
     """Partition parameters as modules are constructed (context manager or decorator).
 
@@ -300,6 +329,12 @@ class Init:
         context) so each constructed module partitions its own parameters when done."""
         for cls in _all_subclasses(torch.nn.Module) | {torch.nn.Module}:
             self._wrap_init(cls)
+        if self.dtype is not None:
+            wrapper = globals()["zero_wrapper_for_fp_tensor_constructor"]
+            for name, original in _FP_CONSTRUCTORS.items():
+                # restore what was there (an enclosing Init's wrapper), wrap torch's own
+                self._patched.append((torch, name, getattr(torch, name), False))
+                setattr(torch, name, wrapper(original, self.dtype, target_device=None))
         init = self
 
         def __init_subclass__(cls, **kwargs):
