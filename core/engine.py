@@ -249,11 +249,11 @@ class DeepSpeedEngine(torch.nn.Module):
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
             self.throughput.step()
-            self.hook.deepspeed_after_step(engine=self)
         self.micro_steps += 1
         self._boundary_override = None
         self.timers("step").stop()
         if boundary:
+            self.hook.deepspeed_after_step(engine=self)  # sees this step's timers (monitors)
             self._report_progress()
 
     def _clip_gradients(self):

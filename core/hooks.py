@@ -115,7 +115,8 @@ def deepspeed_before_step(engine):
 @hookspec
 def deepspeed_after_step(engine):
     """Called by ``engine.step()`` at an accumulation boundary, after the optimizer and LR
-    scheduler stepped and ``engine.global_steps`` advanced."""
+    scheduler stepped, ``engine.global_steps`` advanced and the step's timers stopped (so a
+    monitor can log this step's ``engine.timers``), before the progress report."""
 
 
 # ---------------------------------------------------------------------------------------------

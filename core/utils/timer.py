@@ -14,6 +14,7 @@ class _Timer:
         self.name = name
         self.elapsed_s = 0.0
         self.count = 0
+        self.last_ms = None  # the latest interval (monitors log it per step)
         self._start = None
 
     def start(self):
@@ -24,7 +25,9 @@ class _Timer:
     def stop(self):
         assert self._start is not None, f"timer '{self.name}' stopped before it started"
         get_accelerator().synchronize()
-        self.elapsed_s += time.perf_counter() - self._start
+        interval = time.perf_counter() - self._start
+        self.elapsed_s += interval
+        self.last_ms = 1000.0 * interval
         self.count += 1
         self._start = None
 

@@ -19,6 +19,9 @@ LR = "Train/Samples/lr"
 LOSS_SCALE = "Train/Samples/loss_scale"
 
 
+TIMED_PHASES = ("forward", "backward", "backward_inner", "backward_allreduce", "step")
+
+
 def step_events(engine, loss_sum):
     """The automatic events of the optimizer step that just finished."""
     step = engine.global_samples
@@ -32,6 +35,12 @@ def step_events(engine, loss_sum):
         scale = getattr(engine.optimizer, "cur_scale", None)
         if scale is not None:
             events.append((LOSS_SCALE, float(scale), step))
+    if engine.config.wall_clock_breakdown:  # this step's phases, as the engine timed them
+        timers = getattr(engine.timers, "timers", {})
+        for phase in TIMED_PHASES:
+            timer = timers.get(phase)
+            if timer is not None and timer.last_ms is not None:
+                events.append((f"Train/Samples/elapsed_time_ms_{phase}", timer.last_ms, step))
     return events
 
 

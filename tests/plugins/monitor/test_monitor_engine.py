@@ -118,3 +118,19 @@ def test_fp16_adds_the_loss_scale(dist_pool, tmp_path):
     assert rows[0] == ["step", "loss_scale"]
     assert [int(r[0]) for r in rows[1:]] == [samples for samples, _, _ in expected]
     assert float(rows[-1][1]) == scale
+
+
+def _train_timed(out_dir, steps):
+    cfg = config(csv_monitor={"enabled": True, "output_path": out_dir, "job_name": "timed"})
+    cfg["wall_clock_breakdown"] = True
+    train(cfg, steps)
+
+
+def test_wall_clock_breakdown_writes_the_five_timing_series(dist_pool, tmp_path):
+    dist_pool.run(_train_timed, args=(str(tmp_path), STEPS))
+    job = tmp_path / "timed"
+    for phase in ("forward", "backward", "backward_inner", "backward_allreduce", "step"):
+        rows = _read_csv(job / f"Train_Samples_elapsed_time_ms_{phase}.csv")
+        assert rows[0] == ["step", f"elapsed_time_ms_{phase}"]
+        assert [int(r[0]) for r in rows[1:]] == [MICRO * GAS * WORLD * (i + 1) for i in range(STEPS)]
+        assert all(float(r[1]) >= 0.0 for r in rows[1:])
