@@ -9,18 +9,9 @@ import sys
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+from hf_tiny_data import RandomTokens  # noqa: E402 (next to this script)
+
 output_dir = sys.argv[1]
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n=32, seq=16):
-        self.x = torch.randint(0, 64, (n, seq), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 torch.manual_seed(0)

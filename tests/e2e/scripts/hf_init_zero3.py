@@ -10,6 +10,8 @@ import sys
 import torch
 from safetensors.torch import load_file
 from transformers import GPT2LMHeadModel, Trainer, TrainingArguments
+
+from hf_tiny_data import RandomTokens  # noqa: E402 (next to this script)
 from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
 
 import deepspeed
@@ -19,17 +21,6 @@ pretrained, output_dir, mode = [a for a in sys.argv[1:] if not a.startswith("--l
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n=32, seq=16):
-        self.x = torch.randint(0, 64, (n, seq), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 args = TrainingArguments(output_dir=output_dir, max_steps=3, per_device_train_batch_size=2,

@@ -21,23 +21,14 @@ import sys
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+from hf_tiny_data import RandomTokens  # noqa: E402 (next to this script)
+
 # the deepspeed launcher adds --local_rank=N, as it does for every script
 output_dir, mode = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][:2]
 ZERO = {"z2": {"stage": 2}, "z3": {"stage": 3},
         "z2_offload": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
 if mode != "ddp" and mode not in ZERO:
     sys.exit(f"unknown mode {mode!r}; expected ddp, {', '.join(ZERO)}")
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n=64, seq=16):
-        self.x = torch.randint(0, 64, (n, seq), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 class RecordingTrainer(Trainer):
@@ -74,7 +65,7 @@ def train(folder, seed, resume):
         output_dir=folder, max_steps=8, per_device_train_batch_size=2, report_to=[],
         use_cpu=True, logging_steps=1, save_strategy="steps", save_steps=4, optim="adamw_torch",
         learning_rate=1e-3, weight_decay=0.01, deepspeed=ds_config)
-    trainer = RecordingTrainer(model=model, args=args, train_dataset=RandomTokens())
+    trainer = RecordingTrainer(model=model, args=args, train_dataset=RandomTokens(n=64))
     trainer.train(resume_from_checkpoint=True if resume else None)
     with open(os.path.join(folder, f"losses_rank{trainer.args.process_index}.json"), "w") as f:
         json.dump({"first_step": trainer.state.global_step - len(trainer.step_losses) + 1,
@@ -85,7 +76,7 @@ def train(folder, seed, resume):
 trainer = train(output_dir, seed=0, resume=False)
 wrapped = trainer.model_wrapped
 wrapped.eval()
-probe = RandomTokens().x[:4]  # the test rebuilds the same batch
+probe = RandomTokens(n=64).x[:4]  # the test rebuilds the same batch
 with torch.no_grad():
     logits = wrapped(input_ids=probe).logits
 if trainer.is_world_process_zero():
