@@ -13,6 +13,7 @@ from deepspeed.version import __version__, version
 _LAZY = {
     "initialize": "deepspeed.api",
     "add_config_arguments": "deepspeed.api",
+    "tp_model_init": "deepspeed.api",
     "init_distributed": "deepspeed.comm",
     "DeepSpeedEngine": "deepspeed.engine",
     "DeepSpeedConfig": "deepspeed.config",

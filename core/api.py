@@ -1,4 +1,5 @@
-"""The user-facing entry points: ``deepspeed.initialize`` and ``deepspeed.add_config_arguments``.
+"""The user-facing entry points: ``deepspeed.initialize``, ``deepspeed.add_config_arguments`` and
+``deepspeed.tp_model_init``.
 
 ``initialize`` is where the pieces meet: distributed start-up, the plugin catalog (whose
 config sections complete the schema), config validation, the per-engine plugin manager of
@@ -70,3 +71,22 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              model_parameters=model_parameters, lr_scheduler=lr_scheduler,
                              mpu=mpu, training_data=training_data, collate_fn=collate_fn)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
+    """Split ``model``'s layers across ``tp_size`` tensor-parallel ranks for AutoTP training
+    (Transformers calls it when the config sets ``tensor_parallel.autotp_size`` > 1).
+
+    ``tp_size`` 1 is no tensor parallelism: the model comes back unchanged. Larger sizes need
+    the tensor-parallel plugin that owns the ``tensor_parallel`` section; this build ships none,
+    so the call fails with the same message a config naming that section gets, rather than an
+    ``AttributeError`` deep inside Transformers.
+    """
+    from deepspeed.config.errors import DeepSpeedConfigError
+    from deepspeed.config.feature_sections import missing_plugin_problem
+
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tp_model_init: tp_size must be a positive integer, got {tp_size!r}")
+    if tp_size == 1:
+        return model
+    raise DeepSpeedConfigError(missing_plugin_problem("tensor_parallel"))

@@ -56,6 +56,10 @@ class DeepSpeedEngine(torch.nn.Module):
         self.device = torch.device(get_accelerator().current_device_name())
         self.local_rank = dist.get_local_rank()
         self.dp_group = mpu.get_data_parallel_group() if mpu is not None else None
+        if mpu is not None:  # deepspeed.utils.groups answers integrations from this unit
+            from deepspeed.utils import groups
+
+            groups.set_mpu(mpu)
         self.dp_world_size = dist.get_world_size(group=self.dp_group)
         check_precision_supported(config, get_accelerator())
         self.module.to(self.device)
@@ -308,6 +312,9 @@ class DeepSpeedEngine(torch.nn.Module):
     def gradient_accumulation_steps(self):
         return self.config.gradient_accumulation_steps
 
+    def gradient_clipping(self):
+        return self.config.gradient_clipping
+
     def zero_optimization_stage(self):
         return self.config.zero_optimization_stage
 
@@ -363,6 +370,12 @@ class DeepSpeedEngine(torch.nn.Module):
         if dist.get_rank() != 0:
             return None
         return module_state_dict(self.module, exclude_frozen_parameters)
+
+    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """Upstream's name for the same consolidated weights when tensor parallelism (AutoTP)
+        splits them (Accelerate calls it then). Whatever plugin shards the weights answers the
+        ``deepspeed_consolidated_16bit_state_dict`` hook, so one implementation serves both."""
+        return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
                          exclude_frozen_parameters=False):

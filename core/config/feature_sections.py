@@ -26,6 +26,7 @@ FEATURE_SECTIONS: Dict[str, str] = {
     "progressive_layer_drop": "progressive layer dropping",
     "quantize_training": "mixture-of-quantization (MoQ)",
     "sequence_parallel_size": "Ulysses sequence parallelism",
+    "tensor_parallel": "AutoTP tensor-parallel training",
 }
 
 

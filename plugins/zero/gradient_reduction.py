@@ -5,7 +5,8 @@ gradient it is copied into its bucket's flat send buffer and freed, and when a b
 is reduce-scattered (asynchronously with ``overlap_comm``, so communication runs while backward
 continues). Buckets are launched strictly in bucket order on every rank: collectives pair up by
 issue order, so a rank whose backward produced gradients in another order (or not at all for an
-unused parameter) must not issue a different sequence. Stage 1 keeps full gradients through
+unused parameter) must not issue a different sequence; buckets holding parameters of a ZeRO-3
+leaf module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps full gradients through
 accumulation and reduce-scatters all buckets at the boundary.
 
 Each received piece is averaged (``gradient_averaging``) and *added* to the rank's fp32 gradient
@@ -16,6 +17,7 @@ from collections import deque
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.utils.z3_leaf_module import z3_leaf_parameter
 from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
                                                 scale_before_reduce)
 
@@ -55,6 +57,7 @@ class GradientReducer:
         self._next = 0
         self._pending = deque()
         self._seen = set()
+        self._eager_limit = None  # buckets below this index may launch during backward
 
     # ------------------------------------------------------------------ stage 2: during backward
     def attach_hooks(self):
@@ -85,8 +88,19 @@ class GradientReducer:
             self._inputs[index] = torch.zeros(bucket.padded, dtype=dtype, device=bucket.device)
         return self._inputs[index]
 
+    def _first_leaf_bucket(self):
+        """Index of the first bucket holding a parameter of a ZeRO-3 leaf module (an MoE block):
+        which of its parameters get a gradient depends on each rank's routing, so such a
+        bucket can be complete on one rank while another is still gathering the leaf for its
+        backward; launching it then would pair a reduce-scatter with an all-gather. It and
+        the buckets after it wait for the end of backward."""
+        return next((index for index, bucket in enumerate(self.buckets)
+                     if any(z3_leaf_parameter(p) for p in bucket.params)), len(self.buckets))
+
     def _launch_ready(self):
-        while (self._next < len(self.buckets)
+        if self._eager_limit is None:
+            self._eager_limit = self._first_leaf_bucket()
+        while (self._next < self._eager_limit
                and self._ready[self._next] == len(self.buckets[self._next].params)):
             self._launch(self._next)
             self._next += 1

@@ -10,9 +10,15 @@ Backward: the post-hook wraps the module's outputs in an identity autograd funct
 backward gathers the module's parameters again before the module's own backward runs; each
 trainable parameter is released as soon as its gradient has been taken by the reducer
 (``gradient_reduction``), anything else at the end of backward.
+
+A module marked with ``deepspeed.utils.set_z3_leaf_modules`` is gathered as one unit: its hooks
+gather the whole subtree and the hooks of the modules under it stand aside, so a
+mixture-of-experts block whose experts run unevenly across ranks still issues the same
+collectives on every rank.
 """
 import torch
 
+from deepspeed.utils.z3_leaf_module import z3_leaf_module
 from deepspeed.zero.partition_parameters import ZeroParamStatus, is_zero_param
 
 EXTERNAL_PARAMS = "_ds_external_params"
@@ -115,10 +121,18 @@ def unregister_external_parameter(module, parameter):
 
 
 def module_params(module):
-    """The partitioned parameters ``module`` needs whole to run its own forward."""
-    own = [p for p in module._parameters.values() if p is not None and is_zero_param(p)]
-    extra = [p for p in module.__dict__.get(EXTERNAL_PARAMS, {}).values() if is_zero_param(p)]
-    return own + extra
+    """The partitioned parameters ``module`` needs whole to run its own forward: its own and
+    its external ones, or, for a ZeRO-3 leaf module, those of its whole subtree."""
+    members = list(module.modules()) if z3_leaf_module(module) else [module]
+    found = {}
+    for member in members:
+        for param in member._parameters.values():
+            if param is not None and is_zero_param(param):
+                found.setdefault(id(param), param)
+        for param in member.__dict__.get(EXTERNAL_PARAMS, {}).values():
+            if is_zero_param(param):
+                found.setdefault(id(param), param)
+    return list(found.values())
 
 
 class ParameterCoordinator:
@@ -151,7 +165,15 @@ class ParameterCoordinator:
         self._handles = []
 
     # ------------------------------------------------------------------ hooks
+    def _inside_leaf(self):
+        """The outermost running ZeRO-3 leaf module, or None: modules under a leaf run on
+        parameters the leaf gathered, so their own hooks stand aside."""
+        return next((m for m in self._running if z3_leaf_module(m)), None)
+
     def _pre_forward(self, module, args):
+        if self._inside_leaf() is not None:
+            self._running.append(module)
+            return
         if not self.trace_complete:
             self.trace.append(module)
         else:
@@ -165,6 +187,8 @@ class ParameterCoordinator:
     def _post_forward(self, module, args, output):
         if self._running and self._running[-1] is module:
             self._running.pop()
+        if self._inside_leaf() is not None:
+            return None
         self._hand_over_returned_params(module, output)
         params = module_params(module)
         for param in params:
@@ -193,7 +217,7 @@ class ParameterCoordinator:
         used outside its owner's forward (tied embeddings, ``compute_logits(x,
         self.embed.weight)``). Gather it now and register it with the running module, so
         that module gathers it up front next time and around its backward."""
-        module = self._running[-1]
+        module = self._inside_leaf() or self._running[-1]
         register_external_parameter(module, param)
         param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather([param])

@@ -1,0 +1,72 @@
+"""ZeRO-3 leaf modules: modules whose whole subtree is gathered at once
+(`deepspeed.utils.set_z3_leaf_modules`).
+
+ZeRO-3 gathers each module's parameters just before that module runs. A mixture-of-experts
+layer runs only the experts its router picks, and the picks differ between ranks; per-expert
+gathering would then issue different all-gathers on different ranks, and the collectives
+would pair up wrongly or hang. Marking the MoE block as a *leaf* makes ZeRO-3 gather every
+parameter under it when the block starts and release them when it ends, so all ranks issue the
+same collectives whatever their routers chose. The marker is a plain attribute: it costs
+nothing when ZeRO-3 is off, and it can be set before or after ``deepspeed.initialize``.
+"""
+import torch
+
+LEAF_ATTRIBUTE = "_z3_leaf"
+
+
+def z3_leaf_module(module) -> bool:
+    """True if ``module`` is gathered as one unit under ZeRO-3."""
+    return bool(getattr(module, LEAF_ATTRIBUTE, False))
+
+
+def z3_leaf_parameter(param) -> bool:
+    """True if ``param`` belongs to a leaf module's subtree (set by ``set_z3_leaf_modules``)."""
+    return bool(getattr(param, "ds_z3_leaf_module", None))
+
+
+def get_z3_leaf_modules(model: torch.nn.Module):
+    """The modules of ``model`` currently marked as leaves."""
+    return [module for module in model.modules() if z3_leaf_module(module)]
+
+
+def _matches(module, leaf_classes):
+    for spec in leaf_classes:
+        if isinstance(spec, str):
+            if type(module).__name__ == spec:
+                return True
+        elif isinstance(module, spec):
+            return True
+    return False
+
+
+def _set_leaf_flag(model, leaf_classes, flag):
+    if isinstance(leaf_classes, (str, type)):
+        leaf_classes = [leaf_classes]
+    leaf_classes = list(leaf_classes)
+    bad = [c for c in leaf_classes if not isinstance(c, (str, type))]
+    if bad or not leaf_classes:
+        raise ValueError(f"leaf_module_classes must be a non-empty list of module classes or "
+                         f"class names, got {leaf_classes!r}")
+    matched = [module for module in model.modules() if _matches(module, leaf_classes)]
+    if not matched:
+        names = [c if isinstance(c, str) else c.__name__ for c in leaf_classes]
+        raise ValueError(f"no module of class {names} found in {type(model).__name__}: "
+                         f"nothing to mark as a ZeRO-3 leaf module")
+    for module in matched:
+        setattr(module, LEAF_ATTRIBUTE, flag)
+        for param in module.parameters():
+            param.ds_z3_leaf_module = module if flag else None
+    return matched
+
+
+def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes):
+    """Mark every module of ``model`` that is an instance of one of ``leaf_module_classes``
+    (classes or class names) as a ZeRO-3 leaf; returns the marked modules. Raises
+    ``ValueError`` when nothing matches, since a misspelled class would otherwise leave an MoE
+    model to hang at its first uneven routing."""
+    return _set_leaf_flag(model, leaf_module_classes, True)
+
+
+def unset_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes):
+    """Undo ``set_z3_leaf_modules`` for those classes; returns the modules unmarked."""
+    return _set_leaf_flag(model, leaf_module_classes, False)
