@@ -1,4 +1,6 @@
 """Moving nested batches between devices (re-exported as `deepspeed.runtime.utils.move_to_device`)."""
+from collections.abc import Mapping
+
 import torch
 
 
@@ -11,7 +13,7 @@ def move_to_device(item, device, criterion_func=None):
         if criterion_func is None or criterion_func(item):
             return item.to(device)
         return item
-    if isinstance(item, dict):
+    if isinstance(item, Mapping):  # dicts and UserDicts such as HF BatchEncoding
         moved = {k: move_to_device(v, device, criterion_func) for k, v in item.items()}
         try:
             return type(item)(moved)
