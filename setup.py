@@ -39,6 +39,8 @@ def _walk(folder, import_name):
 # so that the compatibility shims live with the plugin they re-export, and core/ never imports a
 # plugin.
 RUNTIME_COMPAT = "runtime_compat"
+# Plugins whose upstream runtime path is not `deepspeed.runtime.<plugin>`.
+RUNTIME_COMPAT_NAMES = {"sequence": "sequence_parallel"}
 
 
 def package_map():
@@ -50,7 +52,7 @@ def package_map():
                 roots[os.path.join("plugins", entry)] = "deepspeed." + entry
                 compat = os.path.join("plugins", entry, RUNTIME_COMPAT)
                 if os.path.isfile(os.path.join(ROOT, compat, "__init__.py")):
-                    roots[compat] = "deepspeed.runtime." + entry
+                    roots[compat] = "deepspeed.runtime." + RUNTIME_COMPAT_NAMES.get(entry, entry)
     mapping = {}
     for folder, import_name in roots.items():
         for name, path in _walk(folder, import_name):

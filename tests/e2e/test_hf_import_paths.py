@@ -4,8 +4,11 @@ Hugging Face code imports most of these lazily inside functions, so a missing pa
 deep inside a training run. These tests pin every path listed as present in
 docs/hf_integration_inventory.md so that a refactor cannot silently drop one.
 """
+import ast
 import importlib
 import inspect
+import json
+import os
 import subprocess
 import sys
 
@@ -35,6 +38,20 @@ IMPORT_PATHS = [
     ("deepspeed.ops.adam", "DeepSpeedCPUAdam"),
     ("deepspeed.ops.adagrad", "DeepSpeedCPUAdagrad"),
     ("deepspeed.ops.lion", "DeepSpeedCPULion"),
+    ("deepspeed.utils", "groups"),
+    ("deepspeed.utils", "set_z3_leaf_modules"),
+    ("deepspeed.utils", "is_initialized"),
+    ("deepspeed.runtime.utils", "move_to_device"),
+    ("deepspeed", "tp_model_init"),
+]
+
+# Names HF reaches through a module it imported from us (not visible as `deepspeed.` chains).
+SECOND_HOP = [
+    ("deepspeed.utils.groups", "_get_sequence_parallel_group"),
+    ("deepspeed.utils.groups", "_get_sequence_parallel_world_size"),
+    ("deepspeed.utils.groups", "_get_sequence_parallel_rank"),
+    ("deepspeed.runtime.zero.partition_parameters", "zero_wrapper_for_fp_tensor_constructor"),
+    ("deepspeed.runtime.zero.partition_parameters", "_orig_torch_arange"),
 ]
 
 # Chains HF reaches with only `import deepspeed` done (no import of the submodule itself).
@@ -65,7 +82,8 @@ ENGINE_METHODS = {
 }
 
 
-@pytest.mark.parametrize("module,name", IMPORT_PATHS, ids=[f"{m}:{n}" for m, n in IMPORT_PATHS])
+@pytest.mark.parametrize("module,name", IMPORT_PATHS + SECOND_HOP,
+                         ids=[f"{m}:{n}" for m, n in IMPORT_PATHS + SECOND_HOP])
 def test_import_path_exists(module, name):
     mod = importlib.import_module(module)
     assert hasattr(mod, name), f"{module} has no attribute {name!r} (used by transformers/accelerate)"
@@ -120,3 +138,77 @@ def test_hf_integration_sees_deepspeed():
     assert accelerate_available() is True
     cfg = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
     assert cfg.is_zero3()
+
+
+def _deepspeed_references(package):
+    """Every ``from deepspeed... import X``, ``import deepspeed...`` and ``deepspeed.a.b``
+    attribute chain in the installed ``package``'s source, with the first file using it."""
+    root = os.path.dirname(importlib.import_module(package).__file__)
+    found = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not name.endswith(".py"):
+                continue
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+            if "deepspeed" not in text:
+                continue
+            where = os.path.relpath(path, os.path.dirname(root))
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                        node.module.split(".")[0] == "deepspeed":
+                    for alias in node.names:
+                        found.setdefault(f"{node.module}:{alias.name}", where)
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] == "deepspeed":
+                            found.setdefault(f"{alias.name}:", where)
+                elif isinstance(node, ast.Attribute):
+                    chain, value = [], node
+                    while isinstance(value, ast.Attribute):
+                        chain.append(value.attr)
+                        value = value.value
+                    if isinstance(value, ast.Name) and value.id == "deepspeed":
+                        found.setdefault("deepspeed." + ".".join(reversed(chain)), where)
+    return found
+
+
+# Run in a fresh interpreter: a chain must resolve after nothing but `import deepspeed`, and a
+# `from m import X` may name a submodule of m as well as an attribute.
+_RESOLVE = """
+import importlib, json, sys
+import deepspeed
+missing = []
+for ref in json.loads(sys.argv[1]):
+    try:
+        if ":" in ref:
+            module, name = ref.split(":")
+            mod = importlib.import_module(module)
+            if name and not hasattr(mod, name):
+                importlib.import_module(module + "." + name)
+        else:
+            obj = deepspeed
+            for part in ref.split(".")[1:]:
+                obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        missing.append(f"{ref} ({type(exc).__name__}: {exc})")
+print(json.dumps(missing))
+"""
+
+
+def test_every_deepspeed_path_the_installed_hf_releases_use_resolves():
+    """Found by reading the installed transformers and accelerate sources, so an upgrade that
+    starts using a new path fails here instead of deep inside someone's training run."""
+    found = {}
+    for package in ("transformers", "accelerate"):
+        found.update(_deepspeed_references(package))
+    # the paths the integration is known to use must be among those found (the scan works)
+    assert "deepspeed.zero.GatheredParameters" in found
+    assert "deepspeed.runtime.lr_schedules:VALID_LR_SCHEDULES" not in found  # an attribute chain
+    assert "deepspeed.utils:groups" in found
+    out = subprocess.run([sys.executable, "-c", _RESOLVE, json.dumps(sorted(found))],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    missing = json.loads(out.stdout.strip().splitlines()[-1])
+    assert missing == [], "\n".join(f"{m}  used in {found[m.split(' ')[0]]}" for m in missing)

@@ -1,0 +1,1 @@
+"""Sequence parallelism (DeepSpeed-Ulysses, ALST for Hugging Face models)."""

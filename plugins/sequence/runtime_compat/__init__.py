@@ -1,0 +1,1 @@
+"""`deepspeed.runtime.sequence_parallel`: the upstream path of the sequence-parallel plugin."""
