@@ -100,7 +100,8 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
             param.ds_tensor = shard.to(device=target, dtype=param.dtype)
         param.ds_partitioner.settle(param)
     return ParameterCoordinator(engine.module, zero_config.prefetch_bucket_size,
-                                zero_config.max_live_parameters).install()
+                                zero_config.max_live_parameters,
+                                zero_config.max_reuse_distance).install()
 
 
 def _nvme_swapper_factory(engine, zero_config, aio_config):

@@ -138,10 +138,14 @@ def module_params(module):
 class ParameterCoordinator:
     """Installs and drives the gather/release hooks of one model."""
 
-    def __init__(self, module, prefetch_bucket_size=50_000_000, max_live_parameters=1_000_000_000):
+    def __init__(self, module, prefetch_bucket_size=50_000_000, max_live_parameters=1_000_000_000,
+                 max_reuse_distance=1_000_000_000):
         self.module = module
         self.prefetch_bucket_size = int(prefetch_bucket_size)
         self.max_live_parameters = int(max_live_parameters)
+        self.max_reuse_distance = int(max_reuse_distance)
+        self.kept_for_reuse = 0  # releases skipped because of max_reuse_distance (tests, tuning)
+        self._started_at = {}  # id(module) -> its index in the trace in the running forward
         self.trace = []  # modules in first-forward order
         self.trace_complete = False
         self._position = 0
@@ -193,10 +197,39 @@ class ParameterCoordinator:
         params = module_params(module)
         for param in params:
             param.ds_active_sub_modules = max(getattr(param, "ds_active_sub_modules", 1) - 1, 0)
-        self._release([p for p in params if not p.ds_active_sub_modules])
+        if params and self._reused_within_distance(module):
+            self.kept_for_reuse += 1
+        else:
+            self._release([p for p in params if not p.ds_active_sub_modules])
         if params and torch.is_grad_enabled():
             return _wrap_outputs(output, lambda: self._gather(params))
         return None
+
+    def _reused_within_distance(self, module):
+        """Whether ``module``'s parameters are used again before ``stage3_max_reuse_distance``
+        elements of other parameters are gathered, so releasing them now would only cost a
+        second all-gather. Two cases are known for certain on every rank alike: a forward
+        that activation checkpointing re-runs during backward is followed at once by the same
+        module's backward (distance 0; the reducer then releases each parameter once its
+        gradient is taken); and a module the recorded forward order calls again later in the
+        same forward, at the distance of the parameters of the modules in between."""
+        if torch._C._current_graph_task_id() != -1:  # re-run inside backward
+            self._started_at.pop(id(module), None)
+            return self.max_reuse_distance > 0 and torch.is_grad_enabled()
+        if self.max_reuse_distance <= 0:
+            return False
+        if not self.trace_complete:
+            return False
+        here = self._started_at.pop(id(module), None)
+        if here is None:
+            return False
+        try:
+            again = self.trace.index(module, here + 1)
+        except ValueError:
+            return False
+        between = {id(p): p for m in self.trace[here + 1:again] for p in module_params(m)}
+        distance = sum(p.ds_numel for p in between.values() if not p.ds_persist)
+        return distance < self.max_reuse_distance
 
     def _hand_over_returned_params(self, module, output):
         """A module that returns one of its own parameters (``return out, self.bias``) hands
@@ -226,6 +259,7 @@ class ParameterCoordinator:
         """Called after each engine forward: the first one completes the trace."""
         self.trace_complete = True
         self._position = 0
+        self._started_at.clear()
 
     def end_of_backward(self):
         """Release whatever is still whole (frozen parameters gathered for backward, anything
@@ -254,13 +288,14 @@ class ParameterCoordinator:
 
     def _prefetch_after(self, module):
         """Start gathering the parameters of the modules that ran after ``module`` last time."""
-        if self.prefetch_bucket_size <= 0:
-            return
         try:
             start = self.trace.index(module, self._position)
         except ValueError:
             return
         self._position = start + 1
+        self._started_at[id(module)] = start
+        if self.prefetch_bucket_size <= 0:
+            return
         budget = self.prefetch_bucket_size
         live = self._live_numel()
         for upcoming in self.trace[start + 1:]:
