@@ -43,6 +43,7 @@ IMPORT_PATHS = [
     ("deepspeed.utils", "is_initialized"),
     ("deepspeed.runtime.utils", "move_to_device"),
     ("deepspeed", "tp_model_init"),
+    ("deepspeed.runtime.zero", "GatheredParameters"),  # named in an Accelerate docstring
 ]
 
 # Names HF reaches through a module it imported from us (not visible as `deepspeed.` chains).

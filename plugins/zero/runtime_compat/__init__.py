@@ -1,2 +1,5 @@
 """``deepspeed.runtime.zero``: upstream's import paths for ZeRO, re-exporting ``deepspeed.zero``
 (setup.py maps this folder there; see RUNTIME_COMPAT)."""
+from deepspeed.zero import GatheredParameters, Init, register_external_parameter  # noqa: E402
+
+__all__ = ["GatheredParameters", "Init", "register_external_parameter"]
