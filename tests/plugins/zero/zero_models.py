@@ -38,6 +38,9 @@ def param_groups(model):
 
 
 def make_data(steps, gas, world):
+    """Inputs and targets for ``steps`` steps. Both come from one generator, so the targets
+    depend on ``steps``: a test that trains in pieces must draw the data once for the total
+    number of steps and slice it, not call this per piece."""
     g = torch.Generator().manual_seed(1)
     n = steps * MICRO * gas * world
     return torch.randn(n, 7, generator=g), torch.randn(n, 5, generator=g)
