@@ -20,15 +20,11 @@ def _config(sp=SP):
 
 
 def _full_params(module):
-    out = {}
-    for name, param in module.named_parameters():
-        if hasattr(param, "ds_id"):
-            param.all_gather()
-            out[name] = param.detach().float().clone()
-            param.partition()
-        else:
-            out[name] = param.detach().float().clone()
-    return out
+    """Every parameter whole (ZeRO-3 shards gathered through the public API)."""
+    from deepspeed.zero import GatheredParameters
+
+    with GatheredParameters(list(module.parameters())):
+        return {name: p.detach().float().clone() for name, p in module.named_parameters()}
 
 
 def _train_zero3():
