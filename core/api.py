@@ -84,9 +84,8 @@ def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
     """
     from deepspeed.config.errors import DeepSpeedConfigError
     from deepspeed.config.feature_sections import missing_plugin_problem
+    from deepspeed.utils.arg_checks import check_int
 
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ValueError(f"tp_model_init: tp_size must be a positive integer, got {tp_size!r}")
-    if tp_size == 1:
+    if check_int("tp_size", tp_size, 1) == 1:
         return model
     raise DeepSpeedConfigError(missing_plugin_problem("tensor_parallel"))

@@ -3,15 +3,14 @@
 DeepSpeed's schedules count *batches* (`last_batch_iteration`, -1 = not started) rather than
 epochs, so a resumed job can jump straight to batch N; the formulas live in the subclasses as
 a pure function of that counter (`get_lr()`), and this base does the bookkeeping around it.
-The input checks live here too, so every schedule rejects bad config values with the same
-wording (the value, the key, and what is allowed).
+Every schedule checks its inputs with ``deepspeed.utils.arg_checks``, so bad config values are
+rejected with the same wording (the value, the key, and what is allowed).
 """
 import math
-import numbers
-import operator
 
 import torch
 
+from deepspeed.utils.arg_checks import check_int, check_number  # noqa: F401 (re-exported)
 from deepspeed.utils.logging import logger
 
 
@@ -25,30 +24,6 @@ def resolve_optimizer(optimizer):
         return inner
     raise TypeError(f"{type(optimizer).__name__} is not a subclass of torch.optim.Optimizer "
                     "(nor a wrapper exposing one as `.optimizer`)")
-
-
-def check_number(name, value):
-    """A real number (not a bool, not an unresolved HF "auto" string)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    return float(value)
-
-
-def check_int(name, value, minimum):
-    """An integer >= `minimum`; integral floats from hand-written configs are accepted."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool):
-        value = None
-    try:
-        value_int = operator.index(value)
-    except TypeError:
-        value_int = None
-    if value_int is None or value_int < minimum:
-        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(
-            minimum, f"an integer >= {minimum}")
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-    return value_int
 
 
 def per_group(optimizer, name, value, message=None):

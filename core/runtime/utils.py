@@ -1,4 +1,4 @@
 """`deepspeed.runtime.utils`, the path user scripts (Accelerate's ALST example) import from."""
-from deepspeed.utils.device_transfer import move_to_device
+from deepspeed.utils.nested import move_to_device
 
 __all__ = ["move_to_device"]

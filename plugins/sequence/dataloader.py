@@ -7,6 +7,7 @@ slice would lose the label of each slice's last token, which belongs to the next
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.sequence.parallel_state import check_size
 
 IGNORE_INDEX = -100
 
@@ -18,8 +19,7 @@ def _to_cpu(batch):
 class UlyssesSPDataLoaderAdapter:
 
     def __init__(self, dl, sp_rank, sp_group, sp_world_size, device):
-        if isinstance(sp_world_size, bool) or not isinstance(sp_world_size, int) or sp_world_size < 1:
-            raise ValueError(f"sp_world_size must be an integer >= 1, got {sp_world_size!r}")
+        check_size("sp_world_size", sp_world_size)
         if not 0 <= sp_rank < sp_world_size:
             raise ValueError(f"sp_rank {sp_rank} is outside 0..{sp_world_size - 1}")
         self.dl = dl

@@ -22,12 +22,16 @@ def _require(key):
     return _state[key]
 
 
+def check_size(name, value):
+    """Sizes here are plain ints >= 1 (no bools, no integral floats: they count ranks)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 def initialize_sequence_parallel(sequence_parallel_size):
     """Build the groups (a collective: every rank must call it with the same size) and register
     this module with ``deepspeed.utils.groups``."""
-    if isinstance(sequence_parallel_size, bool) or not isinstance(sequence_parallel_size, int) \
-            or sequence_parallel_size < 1:
-        raise ValueError(f"sequence_parallel_size must be an integer >= 1, got {sequence_parallel_size!r}")
+    check_size("sequence_parallel_size", sequence_parallel_size)
     if not dist.is_initialized():
         raise RuntimeError("sequence parallelism needs the distributed backend: call "
                            "deepspeed.comm.init_distributed() before initialize_sequence_parallel")
@@ -47,7 +51,7 @@ def initialize_sequence_parallel(sequence_parallel_size):
         if rank in ranks:
             dp_group = group
     _state.update(sp_size=sp, sp_group=sp_group, dp_group=dp_group,
-                  sdp_group=dist.new_group(ranks=list(range(world))), world=world, rank=rank)
+                  sdp_group=dist.get_world_group(), world=world, rank=rank)
     groups.set_mpu(_this_module())
 
 

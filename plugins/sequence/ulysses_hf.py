@@ -12,11 +12,6 @@ from deepspeed.sequence.all_to_all import seq_all_to_all
 ULYSSES_ATTENTION = "ulysses"
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
 def _load_config(model_name_or_path):
     """The model's config: a model object's own, or read from a LOCAL directory / cached name."""
     if hasattr(model_name_or_path, "config"):
@@ -79,10 +74,10 @@ class UlyssesSPAttentionHF:
         name/path (call it before ``from_pretrained``), ``core_attn_implementation`` itself is
         replaced in transformers' global registry, so the model loaded with it is wrapped.
         """
-        _positive_int("sequence_parallel_size", sequence_parallel_size)
-        _positive_int("micro_batch_size", micro_batch_size)
+        parallel_state.check_size("sequence_parallel_size", sequence_parallel_size)
+        parallel_state.check_size("micro_batch_size", micro_batch_size)
         if seq_length is not None:
-            _positive_int("seq_length", seq_length)
+            parallel_state.check_size("seq_length", seq_length)
             if seq_length % sequence_parallel_size != 0:
                 raise ValueError(f"seq_length {seq_length} is not divisible by "
                                  f"sequence_parallel_size {sequence_parallel_size}")

@@ -6,8 +6,8 @@ is reduce-scattered (asynchronously with ``overlap_comm``, so communication runs
 continues). Buckets are launched strictly in bucket order on every rank: collectives pair up by
 issue order, so a rank whose backward produced gradients in another order (or not at all for an
 unused parameter) must not issue a different sequence; buckets holding parameters of a ZeRO-3
-leaf module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps full gradients through
-accumulation and reduce-scatters all buckets at the boundary.
+leaf module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps
+full gradients through accumulation and reduce-scatters all buckets at the boundary.
 
 Each received piece is averaged (``gradient_averaging``) and *added* to the rank's fp32 gradient
 partition, so micro-batches accumulate there.

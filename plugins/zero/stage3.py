@@ -16,8 +16,11 @@ gather the whole subtree and the hooks of the modules under it stand aside, so a
 mixture-of-experts block whose experts run unevenly across ranks still issues the same
 collectives on every rank.
 """
+from collections.abc import Mapping
+
 import torch
 
+from deepspeed.utils.nested import map_tensors
 from deepspeed.utils.z3_leaf_module import z3_leaf_module
 from deepspeed.zero.partition_parameters import ZeroParamStatus, is_zero_param
 
@@ -42,7 +45,7 @@ def _tensors_in(value, wanted):
     """The tensors in a (nested list / tuple / dict) module output for which ``wanted`` holds."""
     if torch.is_tensor(value):
         return [value] if wanted(value) else []
-    items = value.values() if isinstance(value, dict) else \
+    items = value.values() if isinstance(value, Mapping) else \
         value if isinstance(value, (list, tuple)) else ()
     return [t for item in items for t in _tensors_in(item, wanted)]
 
@@ -56,24 +59,7 @@ def _wrap_outputs(output, gather):
     wrapped = _GatherBeforeBackward.apply(gather, *found)
     wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
     mapping = {id(t): w for t, w in zip(found, wrapped)}
-
-    def rebuild(value):
-        if torch.is_tensor(value):
-            return mapping.get(id(value), value)
-        if isinstance(value, dict):
-            rebuilt = {k: rebuild(v) for k, v in value.items()}
-            try:
-                out = type(value)(**rebuilt) if hasattr(value, "to_tuple") else type(value)(rebuilt)
-            except TypeError:
-                out = rebuilt
-            return out
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-            return type(value)(*(rebuild(v) for v in value))
-        if isinstance(value, (list, tuple)):
-            return type(value)(rebuild(v) for v in value)
-        return value
-
-    return rebuild(output)
+    return map_tensors(output, lambda t: mapping.get(id(t), t))
 
 
 _ATTRIBUTE_WATCH = {}
@@ -144,8 +130,8 @@ class ParameterCoordinator:
         self.prefetch_bucket_size = int(prefetch_bucket_size)
         self.max_live_parameters = int(max_live_parameters)
         self.max_reuse_distance = int(max_reuse_distance)
-        self.kept_for_reuse = 0  # releases skipped because of max_reuse_distance (tests, tuning)
         self._started_at = {}  # id(module) -> its index in the trace in the running forward
+        self._reuse_distances = {}  # trace index -> distance to that module's next call
         self.trace = []  # modules in first-forward order
         self.trace_complete = False
         self._position = 0
@@ -197,9 +183,7 @@ class ParameterCoordinator:
         params = module_params(module)
         for param in params:
             param.ds_active_sub_modules = max(getattr(param, "ds_active_sub_modules", 1) - 1, 0)
-        if params and self._reused_within_distance(module):
-            self.kept_for_reuse += 1
-        else:
+        if not (params and self._reused_within_distance(module)):
             self._release([p for p in params if not p.ds_active_sub_modules])
         if params and torch.is_grad_enabled():
             return _wrap_outputs(output, lambda: self._gather(params))
@@ -223,13 +207,19 @@ class ParameterCoordinator:
         here = self._started_at.pop(id(module), None)
         if here is None:
             return False
+        if here not in self._reuse_distances:  # the trace is fixed now: measure once
+            self._reuse_distances[here] = self._distance_to_next_call(module, here)
+        return self._reuse_distances[here] < self.max_reuse_distance
+
+    def _distance_to_next_call(self, module, here):
+        """Elements of partitioned parameters gathered between trace position ``here`` and the
+        next call of ``module`` in the same forward (infinite when there is none)."""
         try:
             again = self.trace.index(module, here + 1)
         except ValueError:
-            return False
+            return float("inf")
         between = {id(p): p for m in self.trace[here + 1:again] for p in module_params(m)}
-        distance = sum(p.ds_numel for p in between.values() if not p.ds_persist)
-        return distance < self.max_reuse_distance
+        return sum(p.ds_numel for p in between.values() if not p.ds_persist)
 
     def _hand_over_returned_params(self, module, output):
         """A module that returns one of its own parameters (``return out, self.bias``) hands
