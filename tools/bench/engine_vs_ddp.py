@@ -147,7 +147,9 @@ def measure(args, contestants, batches):
     return results
 
 
-def worker(args):
+def start_worker(args):
+    """One benchmark rank's start-up: threads, gloo, the model config and this rank's batches.
+    Returns (rank, world size, model config, batches)."""
     torch.set_num_threads(args.threads)
     import deepspeed
     from deepspeed import comm as dist
@@ -156,7 +158,11 @@ def worker(args):
     rank, world = dist.get_rank(), dist.get_world_size()
     model_cfg = GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size,
                           n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
-    batches = shard_batches(args, model_cfg, rank, world)
+    return rank, world, model_cfg, shard_batches(args, model_cfg, rank, world)
+
+
+def worker(args):
+    rank, world, model_cfg, batches = start_worker(args)
     names = ["engine", "DDP"] + (["flat"] if args.with_flat else [])
     contestants = [CONTESTANTS[n](args, model_cfg) for n in names]
     engine = contestants[0]

@@ -30,8 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1] / "examples"), str(HERE)]
 from contestants import CONTESTANTS, Phases  # noqa: E402
 from engine_vs_ddp import (_free_port, build_parser, check_args, max_abs_difference,  # noqa: E402
-                           measure, shard_batches)
-from gpt import GPTConfig  # noqa: E402
+                           measure, start_worker)
 
 DEFAULT = "DDP,stage0,stage1,stage2,stage2_overlap,stage2_offload"
 REFERENCE = "DDP"
@@ -78,15 +77,7 @@ def gathered(value):
 
 # ----------------------------------------------------------------------------- one rank
 def worker(args):
-    torch.set_num_threads(args.threads)
-    import deepspeed
-    from deepspeed import comm as dist
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model_cfg = GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size,
-                          n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
-    batches = shard_batches(args, model_cfg, rank, world)
+    rank, world, model_cfg, batches = start_worker(args)
     rss_before = gathered(peak_rss_mib())
     contestants = [CONTESTANTS[n](args, model_cfg) for n in args.names]
     results = measure(args, contestants, batches)
