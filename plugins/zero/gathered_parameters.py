@@ -4,8 +4,9 @@ Used to read or initialise weights outside a forward (``with GatheredParameters(
 modifier_rank=0): if rank == 0: w.copy_(...)``). On exit, when ``modifier_rank`` is set, that
 rank's full values are broadcast and every rank keeps its shard of them; the ZeRO optimizer's
 fp32 master copy of the parameter is refreshed too, or the next step would overwrite the edit
-with the old master. Without ``modifier_rank`` edits are discarded (a persistent parameter,
-which stays whole, is restored from its shard).
+with the old master. Without ``modifier_rank`` edits are discarded (a parameter that was already
+whole on entry, a resident persistent one, is restored from its shard). Every parameter the
+context gathered is partitioned again on exit, persistent ones included.
 
 Every rank must enter the context with the same parameters: they are gathered and broadcast
 in ``ds_id`` order so the collectives pair up.
@@ -13,7 +14,8 @@ in ``ds_id`` order so the collectives pair up.
 import torch
 
 from deepspeed import comm as dist
-from deepspeed.zero.partition_parameters import ZeroParamStatus, is_zero_param
+from deepspeed.zero.partition_parameters import (ZeroParamStatus, gather_params, is_zero_param,
+                                                 release_params)
 from deepspeed.zero.stage3 import register_external_parameter
 
 
@@ -62,9 +64,7 @@ class GatheredParameters:
         # only what we gather is released on exit: a parameter already whole (persistent,
         # or in use by an enclosing module's forward) stays whole
         self._gathered = [p for p in self.params if p.ds_status is not ZeroParamStatus.AVAILABLE]
-        for partitioner, params in _by_partitioner(self._gathered):
-            partitioner.gather(params)
-            partitioner.wait(params)
+        gather_params(self._gathered)
         return self.params[0] if len(self.params) == 1 else self.params
 
     def __exit__(self, *exc):
@@ -75,8 +75,9 @@ class GatheredParameters:
                 self._publish()
             else:
                 self._restore_kept()
-        for partitioner, params in _by_partitioner(self._gathered):
-            partitioner.release(params)
+        # every parameter gathered here is partitioned again, a persistent one too: it becomes
+        # resident only when the engine gathers it for a forward
+        release_params(self._gathered, force=True)
         self._gathered = []
         return False
 
@@ -100,14 +101,5 @@ class GatheredParameters:
         that stay whole are rebuilt from their (unchanged) shards."""
         gathered = {id(p) for p in self._gathered}
         kept = [p for p in self.params if id(p) not in gathered]
-        for partitioner, params in _by_partitioner(kept):
-            partitioner.release(params, force=True)
-            partitioner.gather(params)
-            partitioner.wait(params)
-
-
-def _by_partitioner(params):
-    groups = {}
-    for param in params:
-        groups.setdefault(id(param.ds_partitioner), (param.ds_partitioner, []))[1].append(param)
-    return list(groups.values())
+        release_params(kept, force=True)
+        gather_params(kept)

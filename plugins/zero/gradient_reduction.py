@@ -1,4 +1,4 @@
-"""Bucketed reduce-scatter of gradients into each rank's partition (ZeRO stages 1 and 2).
+"""Bucketed reduce-scatter of gradients into each rank's partition (ZeRO stages 1, 2 and 3).
 
 Stage 2 registers a post-accumulate-grad hook on every parameter: as backward produces a
 gradient it is copied into its bucket's flat send buffer and freed, and when a bucket is full it
@@ -7,7 +7,8 @@ continues). Buckets are launched strictly in bucket order on every rank: collect
 issue order, so a rank whose backward produced gradients in another order (or not at all for an
 unused parameter) must not issue a different sequence; buckets holding parameters of a ZeRO-3
 leaf module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps
-full gradients through accumulation and reduce-scatters all buckets at the boundary.
+full gradients through accumulation and reduce-scatters all buckets at the boundary. ZeRO-3
+works as stage 2 over ``ShardRun``s: runs of whole sharded parameters, one collective each.
 
 Each received piece is averaged (``gradient_averaging``) and *added* to the rank's fp32 gradient
 partition, so micro-batches accumulate there.
@@ -30,10 +31,11 @@ class UnusedParameterError(RuntimeError):
 
 class GradientReducer:
 
-    def __init__(self, layouts, grad_partitions, *, config, zero_config, group, rank, world_size,
+    def __init__(self, buckets, grad_partitions, *, config, zero_config, group, rank, world_size,
                  param_names, after_grad_taken=None):
-        self.layouts = layouts
-        self.buckets = [b for layout in layouts for b in layout.buckets]
+        # units of reduction, in launch order: stage 1/2 ``Bucket``s, ZeRO-3 ``ShardRun``s;
+        # each places a gradient into its send buffer and owns one piece of a partition
+        self.buckets = buckets
         self.grad_partitions = grad_partitions  # per group: fp32 flat tensor (rank's partition)
         self.config = config
         self.group = group
@@ -44,10 +46,10 @@ class GradientReducer:
         self.ignore_unused = bool(zero_config.ignore_unused_parameters)
         self.param_names = param_names
         self.after_grad_taken = after_grad_taken  # ZeRO-3: release the gathered parameter
-        self._where = {}  # id(param) -> (bucket index, offset in bucket)
+        self._where = {}  # id(param) -> bucket index
         for index, bucket in enumerate(self.buckets):
-            for param, offset in zip(bucket.params, bucket.offsets):
-                self._where[id(param)] = (index, offset)
+            for param in bucket.params:
+                self._where[id(param)] = index
         self._handles = []
         self._reset()
 
@@ -71,9 +73,8 @@ class GradientReducer:
         self._handles = []
 
     def _grad_ready(self, param):
-        index, offset = self._where[id(param)]
-        grad = param.grad.reshape(-1)
-        self._input(index).narrow(0, offset, grad.numel()).copy_(grad)
+        index = self._where[id(param)]
+        self.buckets[index].place_grad(self._input(index), param, param.grad)
         param.grad = None  # stage 2 keeps only the partition: the full gradient goes now
         if self.after_grad_taken is not None:
             self.after_grad_taken(param)
@@ -131,9 +132,9 @@ class GradientReducer:
         """Reduce-scatter the full gradients accumulated in ``param.grad`` and free them."""
         for index, bucket in enumerate(self.buckets):
             flat = self._input(index)
-            for param, offset in zip(bucket.params, bucket.offsets):
+            for param in bucket.params:
                 if param.grad is not None:
-                    flat.narrow(0, offset, param.numel()).copy_(param.grad.reshape(-1))
+                    bucket.place_grad(flat, param, param.grad)
             self._launch(index)
         while self._pending:
             self._complete(self._pending.popleft())

@@ -43,6 +43,14 @@ class Bucket:
     def piece_of(self, rank):
         return self.buffer.narrow(0, rank * self.piece, self.piece)
 
+    def place_grad(self, send, param, grad):
+        """Copy ``param``'s gradient into this bucket's reduce-scatter send buffer."""
+        offset = self.offsets[self._index(param)]
+        send.narrow(0, offset, grad.numel()).copy_(grad.reshape(-1))
+
+    def _index(self, param):
+        return next(i for i, p in enumerate(self.params) if p is param)
+
     def settle(self):
         """Done touching this rank's piece for now (ZeRO-3 NVMe shards return to disk)."""
 
@@ -79,6 +87,54 @@ class ShardBucket(Bucket):
         return self.params[0].data.device
 
 
+class ShardRun:
+    """ZeRO-3's unit of gradient reduction: consecutive ``ShardBucket``s of one group, dtype
+    and device, at most ``reduce_bucket_size`` elements, reduce-scattered by one collective.
+
+    The send buffer is rank-major, like the all-gather's output: block ``r`` holds piece ``r``
+    of each parameter in turn, so what rank ``r`` receives is its own shards of all of them,
+    back to back, which is exactly the stretch of its gradient partition these buckets cover
+    (they are consecutive in the layout). Reduction per element is the same as one collective
+    per parameter, so the result is bit-identical."""
+
+    def __init__(self, members):
+        self.members = members
+        self.group = members[0].group
+        self.params = [b.params[0] for b in members]
+        self.piece = sum(b.piece for b in members)
+        self.world = members[0].padded // members[0].piece
+        self.padded = self.piece * self.world
+        self.partition_offset = members[0].partition_offset
+        self.numel = sum(b.numel for b in members)
+        self._columns = {}
+        column = 0
+        for bucket in members:
+            self._columns[id(bucket.params[0])] = (column, bucket.piece)
+            column += bucket.piece
+
+    dtype = property(lambda self: self.members[0].dtype)
+    device = property(lambda self: self.members[0].device)
+
+    def place_grad(self, send, param, grad):
+        """Cut ``grad`` (the whole gradient, ``ds_numel`` elements) into its ``world`` pieces
+        and write piece ``r`` into block ``r`` (the padding stays zero)."""
+        column, piece = self._columns[id(param)]
+        blocks = send.view(self.world, self.piece).narrow(1, column, piece)
+        flat = grad.reshape(-1)
+        rows, rest = divmod(flat.numel(), piece)
+        if rows:
+            blocks.narrow(0, 0, rows).copy_(flat.narrow(0, 0, rows * piece).view(rows, piece))
+        if rest:
+            blocks[rows].narrow(0, 0, rest).copy_(flat.narrow(0, rows * piece, rest))
+
+
+def shard_runs(layouts, bucket_size):
+    """Group ZeRO-3's one-parameter buckets into ``ShardRun``s of at most ``bucket_size``
+    elements (a larger parameter gets a run of its own)."""
+    return [ShardRun(run) for layout in layouts
+            for run in _pack(layout.buckets, max(int(bucket_size), 1), size=lambda b: b.padded)]
+
+
 @dataclass
 class GroupLayout:
     buckets: List[Bucket]
@@ -89,19 +145,19 @@ class GroupLayout:
         return [p for bucket in self.buckets for p in bucket.params]
 
 
-def _pack(params, bucket_size):
-    """Split ``params`` into runs of one dtype/device of at most ``bucket_size`` elements (a
-    parameter larger than that gets a run of its own)."""
-    runs, current, size = [], [], 0
-    for param in params:
-        fits = size + param.numel() <= bucket_size
-        same_kind = not current or (current[-1].dtype == param.dtype
-                                    and current[-1].device == param.device)
+def _pack(items, bucket_size, size=lambda p: p.numel()):
+    """Split ``items`` (parameters, or ZeRO-3's buckets) into runs of one dtype/device of at
+    most ``bucket_size`` elements (an item larger than that gets a run of its own)."""
+    runs, current, total = [], [], 0
+    for item in items:
+        fits = total + size(item) <= bucket_size
+        same_kind = not current or (current[-1].dtype == item.dtype
+                                    and current[-1].device == item.device)
         if current and not (fits and same_kind):
             runs.append(current)
-            current, size = [], 0
-        current.append(param)
-        size += param.numel()
+            current, total = [], 0
+        current.append(item)
+        total += size(item)
     if current:
         runs.append(current)
     return runs

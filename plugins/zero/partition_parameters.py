@@ -7,10 +7,12 @@ the same ``torch.nn.Parameter``) and gains upstream's attributes:
     ds_id       a process-wide counter           ds_numel / ds_shape   the full size and shape
     ds_tensor   this rank's shard (ceil(numel/N) elements, the last one zero-padded)
     ds_status   NOT_AVAILABLE | INFLIGHT | AVAILABLE
-    ds_persist  small parameters stay whole on every rank (``param_persistence_threshold``)
+    ds_persist  small parameters stay whole once the engine has gathered them
+                (``param_persistence_threshold``; see ``apply_persistence``)
 
 Outside a gather its ``.data`` is an empty placeholder (``numel() == 0``, as in current
-upstream). ``gather`` all-gathers shards into a full buffer and points ``.data`` at it;
+upstream). ``gather`` all-gathers the shards of several parameters with one collective and points each
+``.data`` at its full buffer;
 ``release`` drops the buffer again. Both also exist as methods on the parameter
 (``param.all_gather()``, ``param.partition()``) for code written against upstream.
 
@@ -49,25 +51,23 @@ def _placeholder(param, device=None):
 class Partitioner:
     """Shards, gathers and releases parameters over one data-parallel group."""
 
-    def __init__(self, group=None, remote_device=None, pin_memory=False,
-                 persistence_threshold=0, model_persistence_threshold=None, shard_store=None):
+    def __init__(self, group=None, remote_device=None, pin_memory=False, shard_store=None):
         self.group = group
         self.shard_store = shard_store  # offload_param nvme: shards on disk between uses
         self.world_size = dist.get_world_size(group=group)
         self.rank = dist.get_rank(group=group)
         self.remote_device = remote_device  # "cpu": shards live on the host (offload_param)
         self.pin_memory = pin_memory
-        self.persistence_threshold = int(persistence_threshold or 0)
-        self.persistence_budget = (None if model_persistence_threshold is None
-                                   else int(model_persistence_threshold))
-        self.persisted_numel = 0
+        self.live_numel = 0  # elements of non-persistent parameters gathered (or in flight)
 
     # ------------------------------------------------------------------ partition
     def shard_numel(self, numel):
         return -(-max(numel, 1) // self.world_size)
 
     def partition(self, param, source_rank=0):
-        """Make ``param`` (whole on every rank, or at least on ``source_rank``) partitioned."""
+        """Make ``param`` (whole on every rank, or at least on ``source_rank``) partitioned:
+        afterwards no rank holds its full data, whatever its size ("partitioned at
+        allocation"); persistence is the engine's decision, taken when it first gathers."""
         if is_zero_param(param):
             return param
         with torch.no_grad():
@@ -85,15 +85,11 @@ class Partitioner:
         param.ds_tensor = self._place(piece)
         param.ds_process_group = self.group
         param.ds_partitioner = self
-        param.ds_persist = self._persists(param)
+        param.ds_persist = False
         param.ds_external_users = 0
         _add_methods(param)
-        if param.ds_persist:
-            param.data = full.reshape(param.ds_shape)
-            param.ds_status = ZeroParamStatus.AVAILABLE
-        else:
-            param.data = _placeholder(param, full.device)
-            param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+        param.data = _placeholder(param, full.device)
+        param.ds_status = ZeroParamStatus.NOT_AVAILABLE
         if self.shard_store is not None:
             self.shard_store.adopt(param)
         return param
@@ -109,15 +105,6 @@ class Partitioner:
         if self.shard_store is not None:
             self.shard_store.settle(param)
 
-    def _persists(self, param):
-        if param.ds_numel >= self.persistence_threshold:
-            return False
-        if (self.persistence_budget is not None
-                and self.persisted_numel + param.ds_numel > self.persistence_budget):
-            return False
-        self.persisted_numel += param.ds_numel
-        return True
-
     def _place(self, shard):
         if self.remote_device in ("cpu", "nvme"):
             shard = shard.to("cpu")
@@ -130,38 +117,28 @@ class Partitioner:
 
     # ------------------------------------------------------------------ gather / release
     def gather(self, params, async_op=False):
-        """Make ``params`` whole. With ``async_op`` the all-gathers are only started;
-        ``wait(params)`` (or a later ``gather``) finishes them."""
-        started = []
-        for param in params:
-            if param.ds_status is not ZeroParamStatus.NOT_AVAILABLE:
-                continue
-            device = _compute_device(param)
-            shard = self.fetch(param).to(device, non_blocking=True)
-            full = torch.empty(shard.numel() * self.world_size, dtype=shard.dtype, device=device)
-            if self.world_size == 1:
-                full.copy_(shard)
-                work = None
-            else:
-                work = dist.all_gather_into_tensor(full, shard, group=self.group,
-                                                   async_op=async_op)
-            param.ds_status = ZeroParamStatus.INFLIGHT
-            param._ds_gather = (work, full, shard)
-            started.append(param)
+        """Make ``params`` whole with one all-gather per dtype/device among them (not one per
+        parameter: a collective's fixed latency would otherwise be paid hundreds of times a
+        step). With ``async_op`` the all-gathers are only started; ``wait(params)`` (or a
+        later ``gather``/``release``) finishes them."""
+        todo = [p for p in params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
+        kinds = {}
+        for param in todo:
+            kinds.setdefault((param.dtype, _compute_device(param)), []).append(param)
+        for (dtype, device), same in kinds.items():
+            handle = _CoalescedGather(self, same, dtype, device, async_op)
+            for param in same:
+                param.ds_status = ZeroParamStatus.INFLIGHT
+                param._ds_gather = handle
+                if not param.ds_persist:
+                    self.live_numel += param.ds_numel
         if not async_op:
-            self.wait(started)
+            self.wait(params)  # those a prefetch started too
 
     def wait(self, params):
         for param in params:
-            if param.ds_status is not ZeroParamStatus.INFLIGHT:
-                continue
-            work, full, _shard = param._ds_gather
-            if work is not None and hasattr(work, "wait"):
-                work.wait()
-            param.data = full.narrow(0, 0, param.ds_numel).view(param.ds_shape)
-            param._ds_gather = None
-            param.ds_status = ZeroParamStatus.AVAILABLE
-            self.settle(param)
+            if param.ds_status is ZeroParamStatus.INFLIGHT:
+                param._ds_gather.wait()
 
     def release(self, params, force=False):
         """Drop the full data of ``params`` (persistent ones stay, unless ``force``)."""
@@ -173,6 +150,8 @@ class Partitioner:
             if param.ds_status is ZeroParamStatus.AVAILABLE:
                 param.data = _placeholder(param)
                 param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+                if not param.ds_persist:
+                    self.live_numel -= param.ds_numel
 
     def write_shard_from_full(self, param):
         """After ``param.data`` (whole) was modified: take this rank's shard from it."""
@@ -199,6 +178,103 @@ class Partitioner:
             if param.ds_status is ZeroParamStatus.AVAILABLE and param.data.data_ptr() != \
                     full.data_ptr():
                 param.data.copy_(full.reshape(param.ds_shape))
+
+
+class _CoalescedGather:
+    """One ``all_gather_into_tensor`` for several parameters of one dtype and device.
+
+    Every rank sends the concatenation of its shards, so the output is rank-major: rank
+    ``r``'s block holds piece ``r`` of each parameter in turn. A parameter's full data is the
+    column of its pieces over all blocks; ``wait`` copies each column into that parameter's
+    own buffer (FSDP2's copy-out). Each parameter gets a buffer of its own, not a view of a
+    shared one, so releasing it frees its memory at once (the reducer releases parameters one
+    by one as their gradients are taken) and a persistent parameter does not keep a whole
+    module's weights alive. A single parameter needs no copy: the output is its buffer."""
+
+    def __init__(self, partitioner, params, dtype, device, async_op):
+        self.partitioner = partitioner
+        self.params = params
+        self.device = device
+        shards = [partitioner.fetch(p) for p in params]
+        self.sizes = [s.numel() for s in shards]
+        self.total = sum(self.sizes)
+        world = partitioner.world_size
+        if len(shards) == 1:
+            send = shards[0].to(device=device, dtype=dtype, non_blocking=True)
+        else:
+            send = torch.empty(self.total, dtype=dtype, device=device)
+            torch.cat([s.to(device=device, non_blocking=True) for s in shards], out=send)
+        self.send = send  # gloo and NCCL read it until the work completes
+        if world == 1:
+            self.output, self.work = send, None
+        else:
+            self.output = torch.empty(self.total * world, dtype=dtype, device=device)
+            self.work = dist.all_gather_into_tensor(self.output, send, group=partitioner.group,
+                                                    async_op=async_op)
+
+    def wait(self):
+        if self.params is None:
+            return
+        if self.work is not None and hasattr(self.work, "wait"):
+            self.work.wait()
+        world = self.partitioner.world_size
+        if len(self.params) == 1:
+            buffers = [self.output]
+        else:
+            blocks = self.output.view(world, self.total)
+            buffers, column = [], 0
+            for size in self.sizes:
+                full = torch.empty(world * size, dtype=self.output.dtype, device=self.device)
+                full.view(world, size).copy_(blocks.narrow(1, column, size))
+                buffers.append(full)
+                column += size
+        for param, full in zip(self.params, buffers):
+            param.data = full.narrow(0, 0, param.ds_numel).view(param.ds_shape)
+            param._ds_gather = None
+            param.ds_status = ZeroParamStatus.AVAILABLE
+            self.partitioner.settle(param)
+        self.params = self.output = self.send = self.work = None
+
+
+def by_partitioner(params):
+    """``params`` grouped by the partitioner owning them, as [(partitioner, params)] in
+    first-seen order (``zero.Init`` and the engine may have partitioned different parts of a
+    model, and a collective runs within one partitioner's group)."""
+    groups = {}
+    for param in params:
+        groups.setdefault(id(param.ds_partitioner), (param.ds_partitioner, []))[1].append(param)
+    return list(groups.values())
+
+
+def gather_params(params, async_op=False):
+    """Make ``params`` whole: one coalesced all-gather per partitioner (and dtype)."""
+    for partitioner, same in by_partitioner(params):
+        partitioner.gather(same, async_op=async_op)
+
+
+def release_params(params, force=False):
+    for partitioner, same in by_partitioner(params):
+        partitioner.release(same, force=force)
+
+
+def apply_persistence(params, threshold, budget=None):
+    """Mark the parameters that stay whole once gathered (``stage3_param_persistence_
+    threshold``: fewer elements than this; ``stage3_model_persistence_threshold``: at most
+    this many elements persisted in all). The engine decides this for its model, with its
+    config, when it takes the model over; ``zero.Init`` never does, so a freshly built model
+    holds no full parameter at all. Returns the number of elements persisted."""
+    persisted = 0
+    for param in params:
+        keep = param.ds_numel < threshold and (budget is None
+                                               or persisted + param.ds_numel <= budget)
+        if param.ds_persist and not keep:
+            param.ds_partitioner.release([param], force=True)
+        elif keep and not param.ds_persist and param.ds_status is not \
+                ZeroParamStatus.NOT_AVAILABLE:
+            param.ds_partitioner.live_numel -= param.ds_numel  # whole already: now persistent
+        param.ds_persist = keep
+        persisted += param.ds_numel if keep else 0
+    return persisted
 
 
 def _compute_device(param):
@@ -294,16 +370,13 @@ class Init:
             zero = {}
         if self.dtype is None and zero is not None:
             self.dtype = zero["dtype"]
-        threshold = zero["param_persistence_threshold"] if zero else 0
-        budget = zero["model_persistence_threshold"] if zero else None
         if remote_device is None and zero and zero["offload_device"] in ("cpu", "nvme"):
             remote_device = zero["offload_device"]
         store = None
         if remote_device == "nvme":
             store = _nvme_store(zero, pin_memory)
         self.partitioner = Partitioner(group, remote_device=remote_device, pin_memory=pin_memory,
-                                       persistence_threshold=threshold,
-                                       model_persistence_threshold=budget, shard_store=store)
+                                       shard_store=store)
         if module is not None:  # upstream also accepts an already-built module
             partition_module(module, self.partitioner, self.dtype)
 
@@ -435,18 +508,8 @@ def _zero_section(source):
     elif (raw.get("fp16") or {}).get("enabled"):
         dtype = torch.float16
 
-    def number(key, alias, default):
-        value = zero.get(key, zero.get(alias, default))
-        return default if value == "auto" else int(value)
-
     offload = zero.get("offload_param") or {}
     return {"dtype": dtype,
-            "param_persistence_threshold": number("param_persistence_threshold",
-                                                  "stage3_param_persistence_threshold", 100_000),
-            "model_persistence_threshold": number("model_persistence_threshold",
-                                                  "stage3_model_persistence_threshold", None)
-            if zero.get("model_persistence_threshold",
-                        zero.get("stage3_model_persistence_threshold")) is not None else None,
             "offload_device": str(offload.get("device", "none")).lower(),
             "offload_param_section": offload}
 

@@ -68,9 +68,11 @@ def _warn_unimplemented(zero_config):
 
 
 def setup_stage3(engine, zero_config, aio_kwargs=None):
-    """Partition the engine's model (what ``zero.Init`` did not already) and install the
+    """Partition the engine's model (what ``zero.Init`` did not already), decide which
+    parameters persist (they become whole at their first gather), and install the
     gather/release hooks."""
-    from deepspeed.zero.partition_parameters import Partitioner, is_zero_param, partition_module
+    from deepspeed.zero.partition_parameters import (Partitioner, apply_persistence, is_zero_param,
+                                                     partition_module)
     from deepspeed.zero.stage3 import ParameterCoordinator
 
     offload = zero_config.offload_param
@@ -86,8 +88,6 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
                                max_in_cpu=offload.max_in_cpu, pin_memory=bool(offload.pin_memory))
     partitioner = Partitioner(engine.dp_group, remote_device=remote,
                               pin_memory=bool(offload.pin_memory) if offload else False,
-                              persistence_threshold=zero_config.param_persistence_threshold,
-                              model_persistence_threshold=zero_config.model_persistence_threshold,
                               shard_store=store)
     partition_module(engine.module, partitioner)
     for param in engine.module.parameters():
@@ -99,6 +99,9 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
         if shard.dtype != param.dtype or shard.device != target:
             param.ds_tensor = shard.to(device=target, dtype=param.dtype)
         param.ds_partitioner.settle(param)
+    apply_persistence([p for p in engine.module.parameters() if is_zero_param(p)],
+                      zero_config.param_persistence_threshold,
+                      zero_config.model_persistence_threshold)
     return ParameterCoordinator(engine.module, zero_config.prefetch_bucket_size,
                                 zero_config.max_live_parameters,
                                 zero_config.max_reuse_distance).install()

@@ -22,7 +22,8 @@ import torch
 
 from deepspeed.utils.nested import map_tensors
 from deepspeed.utils.z3_leaf_module import z3_leaf_module
-from deepspeed.zero.partition_parameters import ZeroParamStatus, is_zero_param
+from deepspeed.zero.partition_parameters import (ZeroParamStatus, by_partitioner, gather_params,
+                                                 is_zero_param, release_params)
 
 EXTERNAL_PARAMS = "_ds_external_params"
 
@@ -121,6 +122,17 @@ def module_params(module):
     return list(found.values())
 
 
+def _position_of(trace, module, start):
+    """Index of ``module`` in ``trace`` from ``start`` on, or None. Not ``list.index``: its
+    miss formats ``repr(module)`` into the ValueError, and a module's repr reads its
+    parameters (``Linear.extra_repr`` reads ``self.bias``), which inside a forward would
+    gather them as external parameters."""
+    for index in range(start, len(trace)):
+        if trace[index] is module:
+            return index
+    return None
+
+
 class ParameterCoordinator:
     """Installs and drives the gather/release hooks of one model."""
 
@@ -137,15 +149,17 @@ class ParameterCoordinator:
         self._position = 0
         self._handles = []
         self._running = []  # modules inside their forward, innermost last
+        self._partitioners = []  # those owning the model's parameters (set by install)
         self.gathered_peak = 0  # most elements gathered at once (tests and tuning)
 
     def install(self):
         for module in self.module.modules():
             self._handles.append(module.register_forward_pre_hook(self._pre_forward))
             self._handles.append(module.register_forward_hook(self._post_forward))
-        for param in self.module.parameters():
-            if is_zero_param(param):
-                param.ds_coordinator = self
+        params = [p for p in self.module.parameters() if is_zero_param(p)]
+        for param in params:
+            param.ds_coordinator = self
+        self._partitioners = [partitioner for partitioner, _ in by_partitioner(params)]
         _install_attribute_watch()
         return self
 
@@ -214,9 +228,8 @@ class ParameterCoordinator:
     def _distance_to_next_call(self, module, here):
         """Elements of partitioned parameters gathered between trace position ``here`` and the
         next call of ``module`` in the same forward (infinite when there is none)."""
-        try:
-            again = self.trace.index(module, here + 1)
-        except ValueError:
+        again = _position_of(self.trace, module, here + 1)
+        if again is None:
             return float("inf")
         between = {id(p): p for m in self.trace[here + 1:again] for p in module_params(m)}
         return sum(p.ds_numel for p in between.values() if not p.ds_persist)
@@ -258,29 +271,21 @@ class ParameterCoordinator:
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, params):
-        by_partitioner = {}
-        for param in params:
-            by_partitioner.setdefault(id(param.ds_partitioner), (param.ds_partitioner, []))[1] \
-                .append(param)
-        for partitioner, group in by_partitioner.values():
-            partitioner.gather(group)
-            partitioner.wait(group)
+        gather_params(params)
         self.gathered_peak = max(self.gathered_peak, self._live_numel())
 
     def _release(self, params):
-        for param in params:
-            param.ds_partitioner.release([param])
+        release_params(params)
 
     def _live_numel(self):
-        return sum(p.ds_numel for p in self.module.parameters()
-                   if is_zero_param(p) and p.ds_status is not ZeroParamStatus.NOT_AVAILABLE
-                   and not p.ds_persist)
+        """Elements of non-persistent parameters gathered or in flight (each partitioner
+        keeps the count, so this costs nothing per parameter)."""
+        return sum(partitioner.live_numel for partitioner in self._partitioners)
 
     def _prefetch_after(self, module):
         """Start gathering the parameters of the modules that ran after ``module`` last time."""
-        try:
-            start = self.trace.index(module, self._position)
-        except ValueError:
+        start = _position_of(self.trace, module, self._position)
+        if start is None:
             return
         self._position = start + 1
         self._started_at[id(module)] = start
@@ -294,8 +299,7 @@ class ParameterCoordinator:
             size = sum(p.ds_numel for p in todo)
             if size > budget or live + size > self.max_live_parameters:
                 break
-            for param in todo:
-                param.ds_partitioner.gather([param], async_op=True)
+            gather_params(todo, async_op=True)  # one collective per upcoming module
             budget -= size
             live += size
 

@@ -1,6 +1,7 @@
 """ZeRO stages 1 and 2: fp32 master weights, optimizer state and (stage 2) gradients partitioned
 across the data-parallel ranks; and the optimizer half of stage 3, whose parameters arrive
-already sharded (``deepspeed.zero.partition_parameters``) and are treated as one bucket each.
+already sharded (``deepspeed.zero.partition_parameters``): one layout bucket each, reduced in
+runs of many (``partition.ShardRun``).
 
 Per step, on every rank:
 
@@ -28,7 +29,7 @@ from deepspeed.utils.logging import logger
 from deepspeed.utils.timer import NoopTimer
 from deepspeed.zero.fragment_access import FragmentAccessMixin
 from deepspeed.zero.gradient_reduction import GradientReducer
-from deepspeed.zero.partition import build_layout, build_shard_layout
+from deepspeed.zero.partition import build_layout, build_shard_layout, shard_runs
 
 
 class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
@@ -96,7 +97,11 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         if self.stage >= 3:
             def release(param):
                 param.ds_partitioner.release([param])
-        self.reducer = GradientReducer(self.layouts, self.grad_partitions, config=config,
+        if self.stage >= 3:  # gradients of many parameters per reduce-scatter
+            units = shard_runs(self.layouts, zero_config.reduce_bucket_size)
+        else:
+            units = [b for layout in self.layouts for b in layout.buckets]
+        self.reducer = GradientReducer(units, self.grad_partitions, config=config,
                                        zero_config=zero_config, group=dp_group, rank=self.rank,
                                        world_size=self.world_size, param_names=self.param_names,
                                        after_grad_taken=release)
@@ -285,11 +290,14 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
             self.timers("zero_allgather").stop()
 
     def _publish(self):
-        if self.stage >= 3:
-            persistent = [p for params in self.partitioned_params for p in params if p.ds_persist]
-            for param in persistent:
-                param.ds_partitioner.release([param], force=True)
-                param.ds_partitioner.gather([param])
+        if self.stage >= 3:  # one all-gather refreshes every resident persistent parameter
+            from deepspeed.zero.partition_parameters import (ZeroParamStatus, gather_params,
+                                                             release_params)
+
+            resident = [p for params in self.partitioned_params for p in params
+                        if p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE]
+            release_params(resident, force=True)
+            gather_params(resident)
             return
         gather_size = max(int(self.zero_config.allgather_bucket_size), 1)
         for layout in self.layouts:

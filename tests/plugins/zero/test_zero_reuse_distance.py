@@ -90,10 +90,11 @@ def test_reuse_distance_saves_gathers_without_changing_numerics(dist_pool):
                 torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6,
                                            msg=f"{name} at distance {distance}")
     never, always = runs[0][0][1], runs[10**9][0][1]
-    # distance 0, per parameter (weight and bias): each block forward, re-run and backward
-    # (3 x 3); shared twice in forward, once in backward (its gradient is taken after both
-    # calls' backward, so it stays whole between them); head forward and backward
-    assert never == 2 * (3 * 3 + 2 + 1 + 2)
+    # one all-gather per module (weight and bias together). Distance 0: each block forward,
+    # re-run and backward (3 x 3); shared twice in forward, once in backward (its gradient is
+    # taken after both calls' backward, so it stays whole between them); head forward and
+    # backward
+    assert never == 3 * 3 + 2 + 1 + 2
     # large: the re-run keeps each block whole for its backward, and shared stays whole
     # between its two forward calls
-    assert always == 2 * (3 * 2 + 1 + 1 + 2)
+    assert always == 3 * 2 + 1 + 1 + 2

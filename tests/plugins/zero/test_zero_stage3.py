@@ -130,13 +130,18 @@ def _persistence():
               "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100}}
     engine, *_ = deepspeed.initialize(model=torch.nn.Linear(16, 16), config=config)
     weight, bias = engine.module.weight, engine.module.bias
+    before = (weight.numel(), bias.numel())
+    x = torch.randn(MICRO, 16)
+    engine.backward(engine(x).pow(2).mean())
+    engine.step()
     return (weight.ds_persist, weight.numel(), weight.ds_tensor.numel(), tuple(weight.ds_shape),
-            bias.ds_persist, bias.numel())
+            bias.ds_persist, bias.numel(), before)
 
 
 def test_small_parameters_persist(dist_pool):
+    # persistence is applied when the engine first gathers: until then nothing is whole
     for result in dist_pool.run(_persistence):
-        assert result == (False, 0, 128, (16, 16), True, 16)
+        assert result == (False, 0, 128, (16, 16), True, 16, (0, 0))
 
 
 def _return_freed_memory_to_the_os():
