@@ -42,5 +42,5 @@ def precision_for(config, module, optimizer, overflow_group=None):
     fp32_accumulation = config.grad_accum_dtype == "fp32"
     wrapped = MixedPrecisionOptimizer(optimizer, loss_scaler=scaler,
                                       fp32_grad_accumulation=fp32_accumulation,
-                                      overflow_group=overflow_group)
+                                      overflow_group=overflow_group, module=module)
     return wrapped, wrapped

@@ -106,8 +106,11 @@ class MixedPrecisionOptimizer(OptimizerFace):
     """
 
     def __init__(self, optimizer, loss_scaler=None, fp32_grad_accumulation=False,
-                 overflow_group=None):
+                 overflow_group=None, module=None):
         self.optimizer = optimizer
+        # parameters the optimizer does not own (frozen, or left out of ``model_parameters``)
+        # still receive gradients: zero_grad clears those too, or they accumulate forever
+        self._module_params = list(module.parameters()) if module is not None else []
         self.loss_scaler = loss_scaler
         self.fp32_grad_accumulation = fp32_grad_accumulation
         self.overflow_group = overflow_group
@@ -229,3 +232,5 @@ class MixedPrecisionOptimizer(OptimizerFace):
         for param, master in self._pairs:
             param.grad = None
             master.grad = None
+        for param in self._module_params:
+            param.grad = None

@@ -15,8 +15,10 @@ LEAF_ATTRIBUTE = "_z3_leaf"
 
 
 def z3_leaf_module(module) -> bool:
-    """True if ``module`` is gathered as one unit under ZeRO-3."""
-    return bool(getattr(module, LEAF_ATTRIBUTE, False))
+    """True if ``module`` is gathered as one unit under ZeRO-3. Read from the instance dict
+    (where ``setattr`` puts the mark): ZeRO-3 asks this in every module hook, and a plain
+    ``getattr`` of a missing name goes through ``nn.Module.__getattr__`` and an exception."""
+    return bool(module.__dict__.get(LEAF_ATTRIBUTE, False))
 
 
 def z3_leaf_parameter(param) -> bool:

@@ -16,6 +16,7 @@ gather the whole subtree and the hooks of the modules under it stand aside, so a
 mixture-of-experts block whose experts run unevenly across ranks still issues the same
 collectives on every rank.
 """
+from collections import deque
 from collections.abc import Mapping
 
 import torch
@@ -95,6 +96,7 @@ def register_external_parameter(module, parameter):
                            f"{type(parameter).__name__}")
     registry = module.__dict__.setdefault(EXTERNAL_PARAMS, {})
     registry[id(parameter)] = parameter
+    _EXTERNAL_EDITS[0] += 1
     if "ds_external_parameters" not in module.__dict__:
         module.ds_external_parameters = lambda: list(registry.items())
 
@@ -105,6 +107,10 @@ def unregister_external_parameter(module, parameter):
         raise RuntimeError(f"parameter {getattr(parameter, 'ds_id', '?')} is not registered as "
                            f"external to {type(module).__name__}")
     del registry[id(parameter)]
+    _EXTERNAL_EDITS[0] += 1
+
+
+_EXTERNAL_EDITS = [0]  # bumped by every (un)registration: cached parameter lists go stale
 
 
 def module_params(module):
@@ -150,6 +156,9 @@ class ParameterCoordinator:
         self._handles = []
         self._running = []  # modules inside their forward, innermost last
         self._partitioners = []  # those owning the model's parameters (set by install)
+        self._params_cache = {}  # module -> (validity key, module_params(module))
+        self._prefetch_cursor = 0  # trace index the running forward has prefetched up to
+        self._ahead = deque()  # (trace index, elements) prefetched for modules not yet run
         self.gathered_peak = 0  # most elements gathered at once (tests and tuning)
 
     def install(self):
@@ -183,7 +192,7 @@ class ParameterCoordinator:
         else:
             self._prefetch_after(module)
         self._running.append(module)
-        params = module_params(module)
+        params = self._params_of(module)
         for param in params:  # a parameter shared with an enclosing module stays whole
             param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather(params)
@@ -194,7 +203,7 @@ class ParameterCoordinator:
         if self._inside_leaf() is not None:
             return None
         self._hand_over_returned_params(module, output)
-        params = module_params(module)
+        params = self._params_of(module)
         for param in params:
             param.ds_active_sub_modules = max(getattr(param, "ds_active_sub_modules", 1) - 1, 0)
         if not (params and self._reused_within_distance(module)):
@@ -231,7 +240,7 @@ class ParameterCoordinator:
         again = _position_of(self.trace, module, here + 1)
         if again is None:
             return float("inf")
-        between = {id(p): p for m in self.trace[here + 1:again] for p in module_params(m)}
+        between = {id(p): p for m in self.trace[here + 1:again] for p in self._params_of(m)}
         return sum(p.ds_numel for p in between.values() if not p.ds_persist)
 
     def _hand_over_returned_params(self, module, output):
@@ -262,6 +271,8 @@ class ParameterCoordinator:
         """Called after each engine forward: the first one completes the trace."""
         self.trace_complete = True
         self._position = 0
+        self._prefetch_cursor = 0
+        self._ahead.clear()
         self._started_at.clear()
 
     def end_of_backward(self):
@@ -283,7 +294,10 @@ class ParameterCoordinator:
         return sum(partitioner.live_numel for partitioner in self._partitioners)
 
     def _prefetch_after(self, module):
-        """Start gathering the parameters of the modules that ran after ``module`` last time."""
+        """Start gathering, one collective per module, the parameters of the modules that ran
+        after ``module`` last time: at most ``stage3_prefetch_bucket_size`` elements ahead of
+        the running module and ``stage3_max_live_parameters`` gathered in all. A cursor
+        remembers how far this forward has issued, so each module is looked at once."""
         start = _position_of(self.trace, module, self._position)
         if start is None:
             return
@@ -291,17 +305,35 @@ class ParameterCoordinator:
         self._started_at[id(module)] = start
         if self.prefetch_bucket_size <= 0:
             return
-        budget = self.prefetch_bucket_size
+        ahead = self._ahead
+        while ahead and ahead[0][0] <= start:  # reached: no longer ahead
+            ahead.popleft()
+        used = sum(size for _, size in ahead)
         live = self._live_numel()
-        for upcoming in self.trace[start + 1:]:
-            todo = [p for p in module_params(upcoming)
+        upcoming = max(start + 1, self._prefetch_cursor)
+        while upcoming < len(self.trace):
+            todo = [p for p in self._params_of(self.trace[upcoming])
                     if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
             size = sum(p.ds_numel for p in todo)
-            if size > budget or live + size > self.max_live_parameters:
+            if used + size > self.prefetch_bucket_size or live + size > self.max_live_parameters:
                 break
-            gather_params(todo, async_op=True)  # one collective per upcoming module
-            budget -= size
+            if todo:
+                gather_params(todo, async_op=True)
+                ahead.append((upcoming, size))
+            used += size
             live += size
+            upcoming += 1
+        self._prefetch_cursor = upcoming
+
+    def _params_of(self, module):
+        """``module_params(module)``, cached until an external parameter is (un)registered or
+        the module's leaf mark changes: the hooks ask for it several times per module and
+        step."""
+        key = (_EXTERNAL_EDITS[0], z3_leaf_module(module))
+        cached = self._params_cache.get(module)
+        if cached is None or cached[0] != key:
+            cached = self._params_cache[module] = (key, module_params(module))
+        return cached[1]
 
 
 def load_full_state_dict(module, state_dict):

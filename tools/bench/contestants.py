@@ -256,6 +256,16 @@ class ZeroContestant(EngineContestant):
         for owner, method, phase in wraps:
             setattr(owner, method, timed(phases, phase, getattr(owner, method)))
 
+    def parameters(self):
+        """ZeRO-3 holds shards: gather full copies for the agreement check."""
+        if self.stage < 3:
+            return super().parameters()
+        from deepspeed.zero import GatheredParameters
+
+        params = super().parameters()
+        with GatheredParameters(params):
+            return [p.detach().clone() for p in params]
+
     def state_bytes(self):
         if self.stage == 0:
             return super().state_bytes()
@@ -270,11 +280,42 @@ def _zero(name, stage, overlap_comm=False, offload=False, reduce_scatter=True):
                  "reduce_scatter": reduce_scatter})
 
 
+class FSDP2Contestant(DDPContestant):
+    """torch's FSDP2: ``fully_shard`` on every block, then on the whole model (the layout
+    torchtitan uses), with torch's AdamW stepping the sharded DTensor parameters."""
+
+    name = "FSDP2"
+
+    def __init__(self, args, model_cfg):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        torch.manual_seed(0)
+        model = GPT(model_cfg)
+        mesh = init_device_mesh("cpu", (tdist.get_world_size(),))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        self.model = fully_shard(model, mesh=mesh)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, **OPTIMIZER)
+        self.phases = None
+
+    def parameters(self):
+        return [p.full_tensor() for p in self.model.parameters()]
+
+    def state_bytes(self):
+        local = [p.to_local() for p in self.model.parameters()]
+        state = sum(tensor_bytes([v.to_local() if hasattr(v, "to_local") else v
+                                  for v in st.values()])
+                    for st in self.optimizer.state.values())
+        return tensor_bytes(local), state, 0
+
+
 # *_allreduce: "reduce_scatter": false, the documented alternative (all-reduce, keep one's piece)
 ZERO_CONTESTANTS = (_zero("stage0", 0), _zero("stage1", 1), _zero("stage2", 2),
                     _zero("stage2_overlap", 2, overlap_comm=True),
                     _zero("stage2_offload", 2, offload=True),
                     _zero("stage1_allreduce", 1, reduce_scatter=False),
-                    _zero("stage2_allreduce", 2, reduce_scatter=False))
+                    _zero("stage2_allreduce", 2, reduce_scatter=False),
+                    _zero("stage3", 3), _zero("stage3_overlap", 3, overlap_comm=True))
 CONTESTANTS = {c.name: c for c in (EngineContestant, DDPContestant, FlatAllreduceContestant,
-                                   *ZERO_CONTESTANTS)}
+                                   FSDP2Contestant, *ZERO_CONTESTANTS)}

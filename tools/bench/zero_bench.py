@@ -1,4 +1,4 @@
-"""Step time, memory and ZeRO state of ZeRO stages 0/1/2 (and stage 2 + CPU offload) against DDP.
+"""Step time, memory and ZeRO state of ZeRO stages 0-3 (and stage 2 + CPU offload) against DDP and FSDP2.
 
     python tools/bench/zero_bench.py [--rounds 40 --steps 5 --breakdown ...]
     python tools/bench/zero_bench.py --n_layer 4 --n_embd 256        # a larger GPT
@@ -83,8 +83,10 @@ def worker(args):
     results = measure(args, contestants, batches)
     rss_after = gathered(peak_rss_mib())
     state = {c.name: gathered(c.state_bytes()) for c in contestants}
+    # every rank takes part: ZeRO-3 and FSDP2 gather their full parameters collectively
+    final = {c.name: c.parameters() for c in contestants}
     if rank == 0:
-        params = contestants[0].parameters()
+        params = final[contestants[0].name]
         print(f"GPT {sum(p.numel() for p in params):,} params (n_layer={model_cfg.n_layer}, "
               f"n_embd={model_cfg.n_embd}, seq={model_cfg.block_size}), micro batch "
               f"{args.micro_batch}, {world} gloo ranks x {args.threads} thread(s), "
@@ -100,7 +102,7 @@ def worker(args):
               + ", ".join(f"{v:.0f}" for v in rss_after)
               + ("" if args.only else "  (one process pair for all contestants: one shared peak)"))
         if not args.only:
-            report_agreement(args, contestants)
+            report_agreement(args, final)
     for c in contestants:
         c.destroy()
     tdist.barrier()
@@ -140,15 +142,15 @@ def report_state(state, world):
         print(f"  {name:16s} " + " | ".join(cells))
 
 
-def report_agreement(args, contestants):
+def report_agreement(args, final):
+    """``final``: each contestant's full parameters after the run, by name."""
     steps = args.warmup + args.rounds * args.steps
-    ref = next(c for c in contestants if c.name == REFERENCE).parameters()
-    for c in contestants:
-        if c.name == REFERENCE:
+    ref = final[REFERENCE]
+    for name, mine in final.items():
+        if name == REFERENCE:
             continue
-        mine = c.parameters()
         close = all(torch.allclose(p, q, rtol=1e-4, atol=1e-6) for p, q in zip(mine, ref))
-        print(f"{c.name} vs DDP parameters after {steps} steps: allclose {close}, "
+        print(f"{name} vs DDP parameters after {steps} steps: allclose {close}, "
               f"max abs diff {max_abs_difference(mine, ref):.2e}")
 
 

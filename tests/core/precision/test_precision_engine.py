@@ -287,3 +287,28 @@ def test_amp_without_apex_is_a_clear_error(dist_pool):
 
     with pytest.raises(DistributedTestError, match="needs NVIDIA apex"):
         dist_pool.run(_amp_without_apex)
+
+
+def _excluded_parameter_grads():
+    import deepspeed
+
+    model = make_model()
+    excluded = model[0].bias  # left out of model_parameters: trained by nobody, still gets grads
+    owned = [p for p in model.parameters() if p is not excluded]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=owned, config={
+        "train_micro_batch_size_per_gpu": MICRO, "bf16": {"enabled": True},
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    x = torch.ones(MICRO, 8, dtype=torch.bfloat16)
+    seen = []
+    for _ in range(3):
+        engine.backward(engine(x).float().sum())
+        seen.append(engine.module[0].bias.grad is not None)
+        engine.step()
+        seen.append(engine.module[0].bias.grad)
+    return seen
+
+
+def test_mixed_precision_step_clears_grads_of_parameters_it_does_not_own(dist_pool):
+    seen = dist_pool.run(_excluded_parameter_grads)[0]
+    assert seen[0::2] == [True, True, True]  # backward reaches the excluded parameter...
+    assert seen[1::2] == [None, None, None]  # ...and every step clears it, as torch's would
