@@ -39,17 +39,16 @@ class Bucket:
     piece: int  # padded // world size: elements each rank owns
     partition_offset: int  # where this bucket's piece starts inside a rank's group partition
     buffer: torch.Tensor = field(repr=False, default=None)
+    _offset_of: dict = field(repr=False, default=None)  # id(param) -> offset, built on first use
 
     def piece_of(self, rank):
         return self.buffer.narrow(0, rank * self.piece, self.piece)
 
     def place_grad(self, send, param, grad):
         """Copy ``param``'s gradient into this bucket's reduce-scatter send buffer."""
-        offset = self.offsets[self._index(param)]
-        send.narrow(0, offset, grad.numel()).copy_(grad.reshape(-1))
-
-    def _index(self, param):
-        return next(i for i, p in enumerate(self.params) if p is param)
+        if self._offset_of is None:
+            self._offset_of = {id(p): o for p, o in zip(self.params, self.offsets)}
+        send.narrow(0, self._offset_of[id(param)], grad.numel()).copy_(grad.reshape(-1))
 
     def settle(self):
         """Done touching this rank's piece for now (ZeRO-3 NVMe shards return to disk)."""

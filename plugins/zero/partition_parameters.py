@@ -149,6 +149,7 @@ class Partitioner:
                 continue
             if param.ds_status is ZeroParamStatus.AVAILABLE:
                 param.data = _placeholder(param)
+                param._ds_full = None
                 param.ds_status = ZeroParamStatus.NOT_AVAILABLE
                 if not param.ds_persist:
                     self.live_numel -= param.ds_numel
@@ -200,7 +201,8 @@ class _CoalescedGather:
         self.total = sum(self.sizes)
         world = partitioner.world_size
         if len(shards) == 1:
-            send = shards[0].to(device=device, dtype=dtype, non_blocking=True)
+            # a copy: with one rank the output is the send buffer, which must not be the shard
+            send = shards[0].to(device=device, dtype=dtype, non_blocking=True, copy=True)
         else:
             send = torch.empty(self.total, dtype=dtype, device=device)
             torch.cat([s.to(device=device, non_blocking=True) for s in shards], out=send)
@@ -217,23 +219,89 @@ class _CoalescedGather:
             return
         if self.work is not None and hasattr(self.work, "wait"):
             self.work.wait()
-        world = self.partitioner.world_size
         if len(self.params) == 1:
-            buffers = [self.output]
+            _point_at(self.params, [self.output])
         else:
-            blocks = self.output.view(world, self.total)
-            buffers, column = [], 0
-            for size in self.sizes:
-                full = torch.empty(world * size, dtype=self.output.dtype, device=self.device)
-                full.view(world, size).copy_(blocks.narrow(1, column, size))
-                buffers.append(full)
-                column += size
-        for param, full in zip(self.params, buffers):
-            param.data = full.narrow(0, 0, param.ds_numel).view(param.ds_shape)
+            # persistent parameters get a buffer apart: they stay whole until the step, and a
+            # view of theirs must not keep the other parameters' full data alive
+            columns = self.output.view(self.partitioner.world_size, self.total) \
+                .split(self.sizes, dim=1)
+            for keep in (True, False):
+                chosen = [i for i, p in enumerate(self.params) if p.ds_persist is keep]
+                if chosen:
+                    _point_at([self.params[i] for i in chosen],
+                              _copy_out([columns[i] for i in chosen], self.output.dtype,
+                                        self.device))
+        for param in self.params:
             param._ds_gather = None
             param.ds_status = ZeroParamStatus.AVAILABLE
             self.partitioner.settle(param)
         self.params = self.output = self.send = self.work = None
+
+
+def _copy_out(columns, dtype, device):
+    """One flat buffer holding each (world, piece) column of a rank-major all-gather output as
+    a whole parameter (its pieces back to back), filled by one foreach copy; returns the
+    per-parameter segments."""
+    sizes = [c.numel() for c in columns]
+    flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+    segments = flat.split(sizes)
+    torch._foreach_copy_([seg.view(c.shape) for seg, c in zip(segments, columns)], list(columns))
+    return segments
+
+
+def _point_at(params, buffers):
+    """Each parameter's data becomes its (padded) full buffer, kept as ``_ds_full`` so that
+    ``ResidentRefresh`` can write the next all-gather straight into it."""
+    for param, full in zip(params, buffers):
+        param.data = full.narrow(0, 0, param.ds_numel).view(param.ds_shape)
+        param._ds_full = full
+
+
+class ResidentRefresh:
+    """Re-gathers parameters that are whole and stay whole (ZeRO-3's persistent ones, after
+    each optimizer step) in place: one all-gather and one foreach copy into the full buffers
+    they already view, with no per-parameter bookkeeping. The plan is made at the first
+    refresh of a set and kept while every parameter still views the buffer it had then;
+    otherwise (a parameter released or re-gathered since) a plain release and gather runs
+    and the plan is made again."""
+
+    def __init__(self):
+        self._params = None
+        self._targets = None  # per parameter: its full buffer as (world, piece)
+        self._pointers = None
+
+    def refresh(self, partitioner, params):
+        if not params:
+            return
+        if not self._valid(params):
+            partitioner.release(params, force=True)
+            partitioner.gather(params)
+            world = partitioner.world_size
+            self._params = list(params)
+            self._targets = [p._ds_full.view(world, -1) for p in params]
+            self._pointers = [p.data.data_ptr() for p in params]
+            return
+        shards = [partitioner.fetch(p) for p in params]
+        send = torch.cat(shards)
+        if partitioner.shard_store is not None:
+            for param in params:
+                partitioner.settle(param)
+        world = partitioner.world_size
+        if world == 1:
+            output = send
+        else:
+            output = torch.empty(send.numel() * world, dtype=send.dtype, device=send.device)
+            dist.all_gather_into_tensor(output, send, group=partitioner.group)
+        columns = output.view(world, send.numel()).split([s.numel() for s in shards], dim=1)
+        with torch.no_grad():
+            torch._foreach_copy_(self._targets, list(columns))
+
+    def _valid(self, params):
+        if self._params is None or len(self._params) != len(params):
+            return False
+        return all(a is b and a.ds_status is ZeroParamStatus.AVAILABLE and a.data.data_ptr() == ptr
+                   for a, b, ptr in zip(self._params, params, self._pointers))
 
 
 def by_partitioner(params):

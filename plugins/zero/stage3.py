@@ -139,6 +139,19 @@ def _position_of(trace, module, start):
     return None
 
 
+class _Lookahead:
+    """Prefetch progress of one pass over the trace: forward walks it up (``step`` +1),
+    backward down (-1)."""
+
+    def __init__(self, step):
+        self.step = step
+        self.reset()
+
+    def reset(self):
+        self.cursor = None  # the next trace index not yet looked at in this pass
+        self.ahead = deque()  # (trace index, elements) prefetched for modules not yet reached
+
+
 class ParameterCoordinator:
     """Installs and drives the gather/release hooks of one model."""
 
@@ -155,10 +168,13 @@ class ParameterCoordinator:
         self._position = 0
         self._handles = []
         self._running = []  # modules inside their forward, innermost last
+        # the outermost running ZeRO-3 leaf module: modules under it run on parameters it
+        # gathered, so their own hooks stand aside
+        self._leaf = None
         self._partitioners = []  # those owning the model's parameters (set by install)
         self._params_cache = {}  # module -> (validity key, module_params(module))
-        self._prefetch_cursor = 0  # trace index the running forward has prefetched up to
-        self._ahead = deque()  # (trace index, elements) prefetched for modules not yet run
+        self._forward_lookahead = _Lookahead(+1)
+        self._backward_lookahead = _Lookahead(-1)
         self.gathered_peak = 0  # most elements gathered at once (tests and tuning)
 
     def install(self):
@@ -178,21 +194,19 @@ class ParameterCoordinator:
         self._handles = []
 
     # ------------------------------------------------------------------ hooks
-    def _inside_leaf(self):
-        """The outermost running ZeRO-3 leaf module, or None: modules under a leaf run on
-        parameters the leaf gathered, so their own hooks stand aside."""
-        return next((m for m in self._running if z3_leaf_module(m)), None)
-
     def _pre_forward(self, module, args):
-        if self._inside_leaf() is not None:
-            self._running.append(module)
+        self._running.append(module)
+        if self._leaf is not None:  # under a leaf: the leaf gathered everything
             return
+        if z3_leaf_module(module):
+            self._leaf = module
         if not self.trace_complete:
             self.trace.append(module)
         else:
             self._prefetch_after(module)
-        self._running.append(module)
         params = self._params_of(module)
+        if not params:
+            return
         for param in params:  # a parameter shared with an enclosing module stays whole
             param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather(params)
@@ -200,17 +214,31 @@ class ParameterCoordinator:
     def _post_forward(self, module, args, output):
         if self._running and self._running[-1] is module:
             self._running.pop()
-        if self._inside_leaf() is not None:
+        if self._leaf is not None:
+            if self._leaf is not module:
+                return None
+            self._leaf = None
+        params = self._params_of(module)
+        if not params:  # nothing of its own (a container, an activation): nothing to do
             return None
         self._hand_over_returned_params(module, output)
-        params = self._params_of(module)
         for param in params:
             param.ds_active_sub_modules = max(getattr(param, "ds_active_sub_modules", 1) - 1, 0)
-        if not (params and self._reused_within_distance(module)):
+        position = self._started_at.get(id(module))  # this call's place in the trace
+        if not self._reused_within_distance(module):
             self._release([p for p in params if not p.ds_active_sub_modules])
-        if params and torch.is_grad_enabled():
-            return _wrap_outputs(output, lambda: self._gather(params))
+        # persistent parameters stay whole until the step: backward needs no gather for them
+        if torch.is_grad_enabled() and not all(p.ds_persist for p in params):
+            return _wrap_outputs(output, lambda: self._before_backward(params, position))
         return None
+
+    def _before_backward(self, params, position):
+        """Backward reached the module whose forward ran at trace ``position``: gather its
+        parameters (usually prefetched already) and prefetch those of the modules whose
+        backward comes next, the ones before it in the trace."""
+        self._gather(params)
+        if position is not None:
+            self._prefetch(self._backward_lookahead, position)
 
     def _reused_within_distance(self, module):
         """Whether ``module``'s parameters are used again before ``stage3_max_reuse_distance``
@@ -262,7 +290,7 @@ class ParameterCoordinator:
         used outside its owner's forward (tied embeddings, ``compute_logits(x,
         self.embed.weight)``). Gather it now and register it with the running module, so
         that module gathers it up front next time and around its backward."""
-        module = self._inside_leaf() or self._running[-1]
+        module = self._leaf or self._running[-1]
         register_external_parameter(module, param)
         param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather([param])
@@ -271,13 +299,13 @@ class ParameterCoordinator:
         """Called after each engine forward: the first one completes the trace."""
         self.trace_complete = True
         self._position = 0
-        self._prefetch_cursor = 0
-        self._ahead.clear()
+        self._forward_lookahead.reset()
         self._started_at.clear()
 
     def end_of_backward(self):
         """Release whatever is still whole (frozen parameters gathered for backward, anything
         a skipped hook left behind)."""
+        self._backward_lookahead.reset()
         self._release([p for p in self.module.parameters() if is_zero_param(p)])
 
     # ------------------------------------------------------------------ gather / release
@@ -294,36 +322,43 @@ class ParameterCoordinator:
         return sum(partitioner.live_numel for partitioner in self._partitioners)
 
     def _prefetch_after(self, module):
-        """Start gathering, one collective per module, the parameters of the modules that ran
-        after ``module`` last time: at most ``stage3_prefetch_bucket_size`` elements ahead of
-        the running module and ``stage3_max_live_parameters`` gathered in all. A cursor
-        remembers how far this forward has issued, so each module is looked at once."""
+        """Forward reached ``module``: note its trace position and prefetch what follows."""
         start = _position_of(self.trace, module, self._position)
         if start is None:
             return
         self._position = start + 1
         self._started_at[id(module)] = start
+        self._prefetch(self._forward_lookahead, start)
+
+    def _prefetch(self, look, position):
+        """Start gathering, one collective per module, the parameters of the modules that
+        come after trace ``position`` in ``look``'s direction (up the trace in forward, down
+        in backward): at most ``stage3_prefetch_bucket_size`` elements in flight ahead of the
+        running module and ``stage3_max_live_parameters`` gathered in all. ``look`` keeps a
+        cursor, so one pass looks at each module once."""
         if self.prefetch_bucket_size <= 0:
             return
-        ahead = self._ahead
-        while ahead and ahead[0][0] <= start:  # reached: no longer ahead
+        step, ahead = look.step, look.ahead
+        while ahead and (ahead[0][0] - position) * step <= 0:  # reached: no longer ahead
             ahead.popleft()
         used = sum(size for _, size in ahead)
         live = self._live_numel()
-        upcoming = max(start + 1, self._prefetch_cursor)
-        while upcoming < len(self.trace):
-            todo = [p for p in self._params_of(self.trace[upcoming])
+        index = position + step
+        if look.cursor is not None:
+            index = max(index, look.cursor) if step > 0 else min(index, look.cursor)
+        while 0 <= index < len(self.trace):
+            todo = [p for p in self._params_of(self.trace[index])
                     if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
             size = sum(p.ds_numel for p in todo)
             if used + size > self.prefetch_bucket_size or live + size > self.max_live_parameters:
                 break
             if todo:
                 gather_params(todo, async_op=True)
-                ahead.append((upcoming, size))
+                ahead.append((index, size))
             used += size
             live += size
-            upcoming += 1
-        self._prefetch_cursor = upcoming
+            index += step
+        look.cursor = index
 
     def _params_of(self, module):
         """``module_params(module)``, cached until an external parameter is (un)registered or

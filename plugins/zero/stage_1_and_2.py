@@ -107,6 +107,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                                        after_grad_taken=release)
         if self.stage >= 2:
             self.reducer.attach_hooks()
+        self._refreshers = None  # ZeRO-3: per partitioner, the in-place refresh of persistent
         self.swapper = nvme_swapper(optimizer) if nvme_swapper is not None else None
         if self.swapper is not None:
             for chunk in self.all_chunks:
@@ -291,13 +292,16 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
 
     def _publish(self):
         if self.stage >= 3:  # one all-gather refreshes every resident persistent parameter
-            from deepspeed.zero.partition_parameters import (ZeroParamStatus, gather_params,
-                                                             release_params)
+            from deepspeed.zero.partition_parameters import (ResidentRefresh, ZeroParamStatus,
+                                                             by_partitioner)
 
             resident = [p for params in self.partitioned_params for p in params
                         if p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE]
-            release_params(resident, force=True)
-            gather_params(resident)
+            if self._refreshers is None:
+                self._refreshers = {}
+            for partitioner, params in by_partitioner(resident):
+                self._refreshers.setdefault(id(partitioner), ResidentRefresh()) \
+                    .refresh(partitioner, params)
             return
         gather_size = max(int(self.zero_config.allgather_bucket_size), 1)
         for layout in self.layouts:
