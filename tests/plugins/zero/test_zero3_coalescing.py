@@ -1,0 +1,144 @@
+"""ZeRO-3 communicates by module and by bucket, not by parameter: a forward or backward issues at
+most one all-gather per module (or prefetch), and gradients are reduce-scattered once per
+``reduce_bucket_size`` run of parameters. Coalescing moves the same elements, so the result is
+bit-identical to one collective per parameter and equal to single-process AdamW."""
+import pytest
+import torch
+
+from zero_models import LR, MICRO
+
+STEPS = 3
+
+
+class Deep(torch.nn.Module):
+    """Five modules with parameters (ten parameters, odd sizes: every shard is padded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(7, 13)
+        self.norm = torch.nn.LayerNorm(13)
+        self.mid = torch.nn.Linear(13, 11)
+        self.deep = torch.nn.Linear(11, 9)
+        self.out = torch.nn.Linear(9, 5)
+
+    def forward(self, x):
+        x = torch.tanh(self.norm(self.inp(x)))
+        return self.out(torch.tanh(self.deep(torch.tanh(self.mid(x)))))
+
+
+MODULES_WITH_PARAMETERS = 5
+
+
+def _model():
+    torch.manual_seed(0)
+    return Deep()
+
+
+def _data(world):
+    g = torch.Generator().manual_seed(3)
+    n = STEPS * MICRO * world
+    return torch.randn(n, 7, generator=g), torch.randn(n, 5, generator=g)
+
+
+def _reference(world):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)  # the config's default
+    x, y = _data(world)
+    size = MICRO * world
+    for s in range(STEPS):
+        batch = slice(s * size, (s + 1) * size)
+        torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _train(zero):
+    import deepspeed
+    from deepspeed import comm as dist
+
+    from zero_models import full_params
+
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": dict({"stage": 3, "stage3_param_persistence_threshold": 0},
+                                        **zero)}
+    engine, *_ = deepspeed.initialize(model=_model(), config=config)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = _data(world)
+    phase = ["forward"]
+    counts = {}
+
+    def count(record):
+        key = (phase[0], record.op)
+        counts[key] = counts.get(key, 0) + 1
+
+    for s in range(STEPS):
+        if s == STEPS - 1:  # the module trace is recorded by the first forward
+            dist.add_comm_observer(count)
+        start = s * MICRO * world + rank * MICRO
+        phase[0] = "forward"
+        loss = torch.nn.functional.mse_loss(engine(x[start:start + MICRO]),
+                                            y[start:start + MICRO])
+        phase[0] = "backward"
+        engine.backward(loss)
+        phase[0] = "step"
+        engine.step()
+    dist.remove_comm_observer(count)
+    runs = len(engine.optimizer.reducer.buckets)
+    params = sum(1 for _ in engine.module.parameters())
+    return full_params(engine.module), counts, runs, params
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("prefetch", [0, 10**6])
+def test_one_all_gather_per_module_and_one_reduce_scatter_per_bucket(dist_pool, overlap,
+                                                                       prefetch):
+    expected = _reference(2)
+    coalesced = dist_pool.run(_train, args=({"overlap_comm": overlap,
+                                             "stage3_prefetch_bucket_size": prefetch},))
+    per_parameter = dist_pool.run(_train, args=({"overlap_comm": overlap,
+                                                 "stage3_prefetch_bucket_size": 0,
+                                                 "reduce_bucket_size": 1},))
+    for (params, counts, runs, n_params), (single, single_counts, single_runs, _) in \
+            zip(coalesced, per_parameter):
+        gathers = counts.get(("forward", "all_gather_into_tensor"), 0)
+        assert 0 < gathers <= MODULES_WITH_PARAMETERS, counts
+        gathers = counts.get(("backward", "all_gather_into_tensor"), 0)
+        assert 0 < gathers <= MODULES_WITH_PARAMETERS, counts
+        reduce_scatters = sum(v for (_, op), v in counts.items() if op == "reduce_scatter_tensor")
+        assert runs == 1 and reduce_scatters == 1, counts  # the default bucket holds them all
+        # reduce_bucket_size 1: one reduce-scatter per parameter, the old path's count
+        assert single_runs == n_params == 10
+        assert sum(v for (_, op), v in single_counts.items()
+                   if op == "reduce_scatter_tensor") == n_params
+        for name, want in expected.items():
+            assert torch.equal(params[name], single[name]), name  # same elements, same sums
+            torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6, msg=name)
+
+
+def test_reduce_bucket_size_bounds_each_reduce_scatter(dist_pool):
+    expected = _reference(2)
+    # 200 elements: runs of whole (padded) parameters, several per run, several runs
+    for params, counts, runs, n_params in dist_pool.run(_train,
+                                                        args=({"reduce_bucket_size": 200},)):
+        reduce_scatters = sum(v for (_, op), v in counts.items() if op == "reduce_scatter_tensor")
+        assert 1 < runs < n_params and reduce_scatters == runs, (runs, counts)
+        for name, want in expected.items():
+            torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6, msg=name)
+
+
+def _runs_and_sizes(bucket_size):
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "reduce_bucket_size": bucket_size}}
+    engine, *_ = deepspeed.initialize(model=_model(), config=config)
+    return [(run.padded, len(run.params)) for run in engine.optimizer.reducer.buckets]
+
+
+def test_runs_never_exceed_the_bucket_unless_one_parameter_does(dist_pool):
+    for sizes in dist_pool.run(_runs_and_sizes, args=(200,)):
+        assert all(padded <= 200 or count == 1 for padded, count in sizes), sizes
+        assert sum(count for _, count in sizes) == 10
