@@ -142,3 +142,44 @@ def test_runs_never_exceed_the_bucket_unless_one_parameter_does(dist_pool):
     for sizes in dist_pool.run(_runs_and_sizes, args=(200,)):
         assert all(padded <= 200 or count == 1 for padded, count in sizes), sizes
         assert sum(count for _, count in sizes) == 10
+
+
+def _init_partitions_everything():
+    import deepspeed
+    from deepspeed import comm as dist
+
+    world = dist.get_world_size()
+    # the default config: a persistence threshold of 1e5 covers every parameter of Deep
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3}}
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = Deep()
+    params = list(model.parameters())
+    built = [(p.numel(), p.ds_numel, p.ds_tensor.numel()) for p in params]
+    with deepspeed.zero.GatheredParameters(params):
+        inside = [p.numel() for p in params]
+    after_gathered = [p.numel() for p in params]
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    after_initialize = [p.numel() for p in params]
+    persist = [p.ds_persist for p in params]
+    x = torch.randn(MICRO, 7)
+    engine.backward(engine(x).pow(2).mean())
+    engine.step()
+    after_step = [p.numel() for p in params]
+    full = [p.ds_numel for p in params]
+    return world, built, inside, after_gathered, after_initialize, persist, after_step, full
+
+
+def test_zero_init_partitions_every_parameter_and_persistence_starts_at_the_first_gather(
+        dist_pool):
+    for world, built, inside, after_gathered, after_initialize, persist, after_step, full in \
+            dist_pool.run(_init_partitions_everything):
+        for (numel, ds_numel, shard), size in zip(built, full):
+            assert numel == 0 and ds_numel == size and shard == -(-size // world)
+        assert inside == full  # whole inside the context
+        assert after_gathered == [0] * len(full)  # partitioned again on exit, small ones too
+        assert after_initialize == [0] * len(full)  # the engine gathers only when it needs to
+        assert all(persist)  # all under the default threshold of 1e5 elements
+        assert after_step == full  # persistent: resident from the first gather on
