@@ -43,6 +43,21 @@ def is_unsupported_error(exc: BaseException) -> bool:
         and not is_timeout_error(exc)
 
 
+def mentions_port_in_use(text: str) -> bool:
+    """Whether an error text says the rendezvous port is taken (torch words it either way)."""
+    text = text.lower()
+    return "address already in use" in text or "eaddrinuse" in text
+
+
+def port_in_use_error(exc: BaseException, addr: str, port: str) -> RuntimeError:
+    """torch's EADDRINUSE names neither the port nor the way out: this does both."""
+    return RuntimeError(
+        f"cannot start the rendezvous on MASTER_ADDR={addr} MASTER_PORT={port}: address already "
+        f"in use (another job, or a previous run still exiting, holds the port). Choose a free "
+        f"port with the launcher's --master_port (deepspeed --master_port 29600 ...) or the "
+        f"MASTER_PORT environment variable. torch said: {str(exc).strip().splitlines()[0]}")
+
+
 def describe_timeout(timeout: Optional[timedelta]) -> str:
     if timeout is None:
         return "the timeout chosen by whoever created the group (not deepspeed.comm)"

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from deepspeed.comm import env_discovery, observers, state
+from deepspeed.comm.errors import mentions_port_in_use, port_in_use_error
 from deepspeed.utils.logging import logger
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -116,7 +117,14 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     if verbose:
         logger.info(f"Initializing torch.distributed with backend '{backend}' "
                     f"(init_method={init_method or 'env://'}, timeout={timeout})")
-    dist.init_process_group(backend=backend, init_method=init_method, timeout=timeout, **kwargs)
+    try:
+        dist.init_process_group(backend=backend, init_method=init_method, timeout=timeout,
+                                **kwargs)
+    except (RuntimeError, OSError) as exc:
+        if not mentions_port_in_use(str(exc)):
+            raise
+        raise port_in_use_error(exc, os.environ.get("MASTER_ADDR", "?"),
+                                os.environ.get("MASTER_PORT", "?")) from exc
     state.set_default(timeout, origin="deepspeed.comm")
     global _exit_hook_registered
     if not _exit_hook_registered:

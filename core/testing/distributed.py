@@ -298,8 +298,9 @@ def _context(method):
 
 
 def _port_taken(error):
-    text = " ".join(error.failures.values()).lower()
-    return "address already in use" in text or "eaddrinuse" in text
+    from deepspeed.comm.errors import mentions_port_in_use
+
+    return mentions_port_in_use(" ".join(error.failures.values()))
 
 
 def _report(what, world_size, failures, unfinished, stacks, timeout, after_failure,

@@ -149,12 +149,15 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     @field_validator("stage", mode="before")
     @classmethod
     def _stage_number(cls, value: Any) -> Any:
+        # checked here so the message lists each stage once (the enum's max_stage alias would
+        # make pydantic say "0, 1, 2, 3 or 3")
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= ZeroStageEnum.max_stage:
-            raise ValueError("must be 0, 1, 2 or 3")
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 0 <= value <= ZeroStageEnum.max_stage:
+            raise ValueError(f"must be 0, 1, 2 or 3, got {value!r}")
         return value
 
     @field_validator(*_INT_KNOBS, mode="before")

@@ -34,6 +34,7 @@ def _offload_device(zero_config):
 def check_optimizer(config, zero_config, optimizer):
     """The documented refusals, before any state is partitioned."""
     name = type(optimizer).__name__
+    _check_offload_optimizer(config, zero_config, name)
     if not is_zero_supported_optimizer(optimizer):
         if not config.zero_allow_untested_optimizer:
             raise ValueError(
@@ -41,6 +42,11 @@ def check_optimizer(config, zero_config, optimizer):
                 f"<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.")
         logger.warning(f"**** You are using ZeRO with an untested optimizer ({name}), "
                        f"proceed with caution *****")
+
+
+def _check_offload_optimizer(config, zero_config, name):
+    """First: an optimizer that cannot run offloaded is refused for that reason, not as
+    "untested"."""
     if _offload_device(zero_config) is not OffloadDeviceEnum.none:
         if "lamb" in name.lower():
             raise ValueError("zero_optimization.offload_optimizer does not work with LAMB "
@@ -51,6 +57,22 @@ def check_optimizer(config, zero_config, optimizer):
                 f"is not a DeepSpeed CPU optimizer (DeepSpeedCPUAdam/Adagrad/Lion), which would "
                 f"be much slower; configure the optimizer in the 'optimizer' section, or set "
                 f"\"zero_force_ds_cpu_optimizer\": false to use {name} anyway")
+
+
+def _warn_without_effect(zero_config):
+    """Keys that only tune how upstream's CUDA implementation copies or initialises, with
+    nothing to tune in this one: accepted, and said once, so nobody measures a difference that
+    cannot be there."""
+    idle = []
+    if zero_config.round_robin_gradients:
+        idle.append("round_robin_gradients (gradients already reach each rank's partition by "
+                    "one reduce-scatter per bucket)")
+    offload = zero_config.offload_optimizer
+    if offload is not None and getattr(offload, "fast_init", False):
+        idle.append("offload_optimizer.fast_init (NVMe optimizer state is written once, "
+                    "directly, at initialisation)")
+    if idle:
+        logger.warning("zero_optimization: " + "; ".join(idle) + " have no effect here")
 
 
 def _warn_unimplemented(zero_config):
@@ -146,6 +168,7 @@ class ZeroPlugin(DeepSpeedPlugin):
                              "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
         self.coordinator = None
         _warn_unimplemented(self._zero_config(config))
+        _warn_without_effect(self._zero_config(config))
         if config.zero_optimization_stage >= 3:
             self.coordinator = setup_stage3(engine, self._zero_config(config),
                                             self._aio_config(config).handle_kwargs())

@@ -190,3 +190,27 @@ def test_exit_hook_destroys_only_the_group_deepspeed_created(created_by, survive
     results = run_distributed(_exit_hook_destroys_only_own_group, world_size=2, init=False,
                               args=(created_by,))
     assert results == [survives, survives]
+
+
+def test_a_busy_master_port_is_named_with_the_flag_that_changes_it():
+    import socket
+    import subprocess
+    import sys
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+               WORLD_SIZE="1", LOCAL_RANK="0")
+    code = ("from datetime import timedelta\n"
+            "from deepspeed import comm\n"
+            "comm.init_distributed(dist_backend='gloo', timeout=timedelta(seconds=20))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        holder.close()
+    assert done.returncode != 0
+    assert f"MASTER_PORT={port}" in done.stderr and "--master_port" in done.stderr, done.stderr
+    assert "address already in use" in done.stderr

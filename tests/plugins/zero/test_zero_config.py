@@ -62,6 +62,30 @@ def test_stage_enum_values():
         zero(stage=4)
 
 
+@pytest.mark.parametrize("bad", [4, -1, "x", 2.5, None, True])
+def test_a_bad_stage_lists_each_stage_once(bad):
+    with pytest.raises(ValidationError) as caught:
+        zero(stage=bad)
+    message = str(caught.value)
+    assert "must be 0, 1, 2 or 3" in message and "3 or 3" not in message
+    assert repr(bad) in message
+
+
+@pytest.mark.parametrize("section,named", [
+    ({"round_robin_gradients": True}, "round_robin_gradients"),
+    ({"offload_optimizer": {"device": "cpu", "fast_init": True}}, "offload_optimizer.fast_init")])
+def test_keys_without_effect_say_so_once(section, named, caplog):
+    import logging
+
+    from deepspeed.zero.plugin import _warn_without_effect
+
+    with caplog.at_level(logging.WARNING):
+        _warn_without_effect(zero(stage=2, **section))
+        _warn_without_effect(zero(stage=2))
+    warned = [r.getMessage() for r in caplog.records if "no effect" in r.getMessage()]
+    assert len(warned) == 1 and named in warned[0]
+
+
 @pytest.mark.parametrize("alias,field", [
     ("stage3_max_live_parameters", "max_live_parameters"),
     ("stage3_prefetch_bucket_size", "prefetch_bucket_size"),
