@@ -282,8 +282,9 @@ class ResidentRefresh:
             self._targets = [p._ds_full.view(world, -1) for p in params]
             self._pointers = [p.data.data_ptr() for p in params]
             return
+        device = params[0].data.device  # shards may live on the host (offload_param)
         shards = [partitioner.fetch(p) for p in params]
-        send = torch.cat(shards)
+        send = torch.cat([s.to(device, non_blocking=True) for s in shards])
         if partitioner.shard_store is not None:
             for param in params:
                 partitioner.settle(param)
@@ -300,6 +301,8 @@ class ResidentRefresh:
     def _valid(self, params):
         if self._params is None or len(self._params) != len(params):
             return False
+        if len({(p.dtype, p.data.device) for p in params}) > 1:
+            return False  # one send buffer needs one dtype and device: gather the plain way
         return all(a is b and a.ds_status is ZeroParamStatus.AVAILABLE and a.data.data_ptr() == ptr
                    for a, b, ptr in zip(self._params, params, self._pointers))
 

@@ -1,15 +1,18 @@
 """ZeRO-3 at run time: gather a module's parameters just before it runs, release them after.
 
 Forward: a pre-hook on every module gathers its own parameters (and those registered with
-``register_external_parameter``), a post-hook releases them. The order modules ran in during
-the first forward is recorded; later forwards use it to start the all-gathers of the next
-modules early (asynchronously, at most ``stage3_prefetch_bucket_size`` elements ahead and
-``stage3_max_live_parameters`` gathered in total), so communication overlaps compute.
+``register_external_parameter``) with one all-gather for all of them, a post-hook releases
+them. The order modules ran in during the first forward is recorded; later forwards use it to
+start the all-gathers of the next modules early (asynchronously, one per module, at most
+``stage3_prefetch_bucket_size`` elements ahead and ``stage3_max_live_parameters`` gathered in
+total), so communication overlaps compute.
 
 Backward: the post-hook wraps the module's outputs in an identity autograd function whose
-backward gathers the module's parameters again before the module's own backward runs; each
+backward gathers the module's parameters again before the module's own backward runs, and
+prefetches the modules whose backward comes next (the trace walked down, same budget); each
 trainable parameter is released as soon as its gradient has been taken by the reducer
-(``gradient_reduction``), anything else at the end of backward.
+(``gradient_reduction``, which reduce-scatters whole runs of parameters), anything else at the
+end of backward. Modules whose parameters all persist need no backward gather.
 
 A module marked with ``deepspeed.utils.set_z3_leaf_modules`` is gathered as one unit: its hooks
 gather the whole subtree and the hooks of the modules under it stand aside, so a
