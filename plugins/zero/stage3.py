@@ -210,6 +210,10 @@ class ParameterCoordinator:
         params = self._params_of(module)
         if not params:
             return
+        if self._all_persistent(module):  # never released by a hook: no use count needed
+            if not all(p.ds_status is ZeroParamStatus.AVAILABLE for p in params):
+                self._gather(params)  # the first forward: they become resident now
+            return
         for param in params:  # a parameter shared with an enclosing module stays whole
             param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather(params)
@@ -222,7 +226,9 @@ class ParameterCoordinator:
                 return None
             self._leaf = None
         params = self._params_of(module)
-        if not params:  # nothing of its own (a container, an activation): nothing to do
+        if not params or self._all_persistent(module):
+            # nothing of its own (a container, an activation), or only parameters that stay
+            # whole until the step (never released, never gathered for backward)
             return None
         self._hand_over_returned_params(module, output)
         for param in params:
@@ -367,11 +373,21 @@ class ParameterCoordinator:
         """``module_params(module)``, cached until an external parameter is (un)registered or
         the module's leaf mark changes: the hooks ask for it several times per module and
         step."""
+        return self._cached(module)[1]
+
+    def _all_persistent(self, module):
+        """Every parameter of ``module`` persists: once whole it stays whole until the step,
+        so its hooks only gather it the first time (most modules of a small model)."""
+        return self._cached(module)[2]
+
+    def _cached(self, module):
         key = (_EXTERNAL_EDITS[0], z3_leaf_module(module))
         cached = self._params_cache.get(module)
         if cached is None or cached[0] != key:
-            cached = self._params_cache[module] = (key, module_params(module))
-        return cached[1]
+            params = module_params(module)
+            cached = self._params_cache[module] = (
+                key, params, bool(params) and all(p.ds_persist for p in params))
+        return cached
 
 
 def load_full_state_dict(module, state_dict):

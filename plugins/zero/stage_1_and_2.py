@@ -96,7 +96,8 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         release = None
         if self.stage >= 3:
             def release(param):
-                param.ds_partitioner.release([param])
+                if not param.ds_persist:  # persistent ones stay whole until the step
+                    param.ds_partitioner.release([param])
         if self.stage >= 3:  # gradients of many parameters per reduce-scatter
             units = shard_runs(self.layouts, zero_config.reduce_bucket_size)
         else:
