@@ -51,6 +51,7 @@ class GradientReducer:
             for param in bucket.params:
                 self._where[id(param)] = index
         self._handles = []
+        self.partitions_zeroed()  # the optimizer built them zeroed
         self._reset()
 
     def _reset(self):
@@ -148,7 +149,7 @@ class GradientReducer:
         flat = scale_before_reduce(self._input(index), self.config)
         self._inputs[index] = None
         if self.use_reduce_scatter:
-            received = torch.empty(bucket.piece, dtype=flat.dtype, device=flat.device)
+            received = self._receive_buffer(bucket, flat)
             work = dist.reduce_scatter_tensor(received, flat, group=self.group,
                                               async_op=self.overlap)
         else:  # documented alternative: all-reduce, keep our piece
@@ -159,11 +160,32 @@ class GradientReducer:
         while len(self._pending) > limit:
             self._complete(self._pending.popleft())
 
+    def _target(self, bucket):
+        return self.grad_partitions[bucket.group].narrow(0, bucket.partition_offset, bucket.piece)
+
+    def _receive_buffer(self, bucket, flat):
+        """Where this rank's reduced piece lands: straight in the gradient partition when it
+        holds nothing yet (the first reduction since ``partitions_zeroed``) and has the
+        communication dtype and device, saving a piece-sized buffer and an add; else a new
+        buffer, added in ``_complete``."""
+        target = self._target(bucket)
+        if id(bucket) in self._empty_targets and target.dtype == flat.dtype \
+                and target.device == flat.device:
+            self._empty_targets.discard(id(bucket))
+            return target
+        self._empty_targets.discard(id(bucket))
+        return torch.empty(bucket.piece, dtype=flat.dtype, device=flat.device)
+
+    def partitions_zeroed(self):
+        """The optimizer zeroed every gradient partition: the next reduction of each bucket
+        may write its piece in place."""
+        self._empty_targets = {id(bucket) for bucket in self.buckets}
+
     def _complete(self, entry):
         work, received, bucket, _send_buffer = entry  # the buffer must live until the wait
         if work is not None and hasattr(work, "wait"):
             work.wait()
         scale_after_reduce(received, self.config, self.world_size)
-        target = self.grad_partitions[bucket.group].narrow(0, bucket.partition_offset,
-                                                            bucket.piece)
-        target.add_(received.to(device=target.device, dtype=target.dtype))
+        target = self._target(bucket)
+        if received.data_ptr() != target.data_ptr():
+            target.add_(received.to(device=target.device, dtype=target.dtype))

@@ -347,6 +347,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
     def zero_grad(self, set_to_none=True):
         for grads in self.grad_partitions:
             grads.zero_()
+        self.reducer.partitions_zeroed()
         for chunk in self.all_chunks:
             chunk.grad = None
         for param in self._all_params:
