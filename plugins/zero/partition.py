@@ -105,10 +105,11 @@ class ShardRun:
         self.padded = self.piece * self.world
         self.partition_offset = members[0].partition_offset
         self.numel = sum(b.numel for b in members)
-        self._columns = {}
+        self._columns = {}  # id(param) -> (column, piece, whole rows, elements left over)
         column = 0
         for bucket in members:
-            self._columns[id(bucket.params[0])] = (column, bucket.piece)
+            rows, rest = divmod(bucket.numel, bucket.piece)
+            self._columns[id(bucket.params[0])] = (column, bucket.piece, rows, rest)
             column += bucket.piece
 
     dtype = property(lambda self: self.members[0].dtype)
@@ -117,10 +118,12 @@ class ShardRun:
     def place_grad(self, send, param, grad):
         """Cut ``grad`` (the whole gradient, ``ds_numel`` elements) into its ``world`` pieces
         and write piece ``r`` into block ``r`` (the padding stays zero)."""
-        column, piece = self._columns[id(param)]
+        column, piece, rows, rest = self._columns[id(param)]
         blocks = send.view(self.world, self.piece).narrow(1, column, piece)
-        flat = grad.reshape(-1)
-        rows, rest = divmod(flat.numel(), piece)
+        flat = grad.view(-1) if grad.is_contiguous() else grad.reshape(-1)
+        if rows == self.world:  # no padding: one copy
+            blocks.copy_(flat.view(rows, piece))
+            return
         if rows:
             blocks.narrow(0, 0, rows).copy_(flat.narrow(0, 0, rows * piece).view(rows, piece))
         if rest:

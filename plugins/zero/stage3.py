@@ -176,6 +176,7 @@ class ParameterCoordinator:
         # gathered, so their own hooks stand aside
         self._leaf = None
         self._partitioners = []  # those owning the model's parameters (set by install)
+        self._zero_params = []  # the model's partitioned parameters (set by install)
         self._params_cache = {}  # module -> (validity key, module_params(module))
         self._forward_lookahead = _Lookahead(+1)
         # backward starts with every activation alive, the peak of a step: one module ahead
@@ -188,6 +189,7 @@ class ParameterCoordinator:
             self._handles.append(module.register_forward_pre_hook(self._pre_forward))
             self._handles.append(module.register_forward_hook(self._post_forward))
         params = [p for p in self.module.parameters() if is_zero_param(p)]
+        self._zero_params = params
         for param in params:
             param.ds_coordinator = self
         self._partitioners = [partitioner for partitioner, _ in by_partitioner(params)]
@@ -318,7 +320,8 @@ class ParameterCoordinator:
         """Release whatever is still whole (frozen parameters gathered for backward, anything
         a skipped hook left behind)."""
         self._backward_lookahead.reset()
-        self._release([p for p in self.module.parameters() if is_zero_param(p)])
+        self._release([p for p in self._zero_params if p.ds_status is not
+                       ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist])
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, params):
