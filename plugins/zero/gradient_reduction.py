@@ -87,7 +87,11 @@ class GradientReducer:
         if self._inputs[index] is None:
             bucket = self.buckets[index]
             dtype = communication_dtype(self.config, bucket.dtype)
-            self._inputs[index] = torch.zeros(bucket.padded, dtype=dtype, device=bucket.device)
+            # a ZeRO-3 run writes every element itself (gradients, padding, missing ones at
+            # launch), so its buffer is not zeroed up front: its pages are touched only as
+            # backward delivers gradients, not all at once at the activation peak
+            fill = torch.empty if getattr(bucket, "fills_itself", False) else torch.zeros
+            self._inputs[index] = fill(bucket.padded, dtype=dtype, device=bucket.device)
         return self._inputs[index]
 
     def _first_leaf_bucket(self):
@@ -146,6 +150,8 @@ class GradientReducer:
     # ------------------------------------------------------------------ the collective
     def _launch(self, index):
         bucket = self.buckets[index]
+        if getattr(bucket, "fills_itself", False):
+            bucket.zero_missing(self._input(index), self._seen)
         flat = scale_before_reduce(self._input(index), self.config)
         self._inputs[index] = None
         if self.use_reduce_scatter:

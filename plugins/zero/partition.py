@@ -115,9 +115,11 @@ class ShardRun:
     dtype = property(lambda self: self.members[0].dtype)
     device = property(lambda self: self.members[0].device)
 
+    fills_itself = True  # the reducer may hand over an uninitialised send buffer
+
     def place_grad(self, send, param, grad):
         """Cut ``grad`` (the whole gradient, ``ds_numel`` elements) into its ``world`` pieces
-        and write piece ``r`` into block ``r`` (the padding stays zero)."""
+        and write piece ``r`` into block ``r``, zeroing the padding after it."""
         column, piece, rows, rest = self._columns[id(param)]
         blocks = send.view(self.world, self.piece).narrow(1, column, piece)
         flat = grad.view(-1) if grad.is_contiguous() else grad.reshape(-1)
@@ -128,6 +130,18 @@ class ShardRun:
             blocks.narrow(0, 0, rows).copy_(flat.narrow(0, 0, rows * piece).view(rows, piece))
         if rest:
             blocks[rows].narrow(0, 0, rest).copy_(flat.narrow(0, rows * piece, rest))
+            blocks[rows].narrow(0, rest, piece - rest).zero_()
+            rows += 1
+        if rows < self.world:
+            blocks.narrow(0, rows, self.world - rows).zero_()
+
+    def zero_missing(self, send, seen):
+        """Before launch: parameters that received no gradient this backward contribute
+        zeros."""
+        for param in self.params:
+            if id(param) not in seen:
+                column, piece, _, _ = self._columns[id(param)]
+                send.view(self.world, self.piece).narrow(1, column, piece).zero_()
 
 
 def shard_runs(layouts, bucket_size):
