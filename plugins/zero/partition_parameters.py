@@ -11,9 +11,8 @@ the same ``torch.nn.Parameter``) and gains upstream's attributes:
                 (``param_persistence_threshold``; see ``apply_persistence``)
 
 Outside a gather its ``.data`` is an empty placeholder (``numel() == 0``, as in current
-upstream). ``gather`` all-gathers the shards of several parameters with one collective and points each
-``.data`` at its full buffer;
-``release`` drops the buffer again. Both also exist as methods on the parameter
+upstream). ``gather`` all-gathers the shards of several parameters with one collective and
+points each ``.data`` at its full buffer; ``release`` drops the buffer again. Both also exist as methods on the parameter
 (``param.all_gather()``, ``param.partition()``) for code written against upstream.
 
 ``Init`` (``deepspeed.zero.Init``) partitions every module's parameters as soon as that
@@ -181,38 +180,43 @@ class Partitioner:
                 param.data.copy_(full.reshape(param.ds_shape))
 
 
-class _CoalescedGather:
-    """One ``all_gather_into_tensor`` for several parameters of one dtype and device.
+def _all_gather_shards(partitioner, params, dtype, device, async_op=False):
+    """Start one ``all_gather_into_tensor`` of the shards of ``params``: every rank sends the
+    concatenation of its shards, so the output is rank-major (rank ``r``'s block holds piece
+    ``r`` of each parameter in turn). Returns (send buffer, output, work, shard sizes); the
+    send buffer must live until the work completes."""
+    shards = [partitioner.fetch(p) for p in params]
+    sizes = [s.numel() for s in shards]
+    # always a copy: with one rank the output is the send buffer, which must not be a shard
+    send = torch.empty(sum(sizes), dtype=dtype, device=device)
+    torch.cat([s.to(device=device, non_blocking=True) for s in shards], out=send)
+    if partitioner.world_size == 1:
+        return send, send, None, sizes
+    output = torch.empty(send.numel() * partitioner.world_size, dtype=dtype, device=device)
+    work = dist.all_gather_into_tensor(output, send, group=partitioner.group, async_op=async_op)
+    return send, output, work, sizes
 
-    Every rank sends the concatenation of its shards, so the output is rank-major: rank
-    ``r``'s block holds piece ``r`` of each parameter in turn. A parameter's full data is the
-    column of its pieces over all blocks; ``wait`` copies each column into that parameter's
-    own buffer (FSDP2's copy-out). Each parameter gets a buffer of its own, not a view of a
-    shared one, so releasing it frees its memory at once (the reducer releases parameters one
-    by one as their gradients are taken) and a persistent parameter does not keep a whole
-    module's weights alive. A single parameter needs no copy: the output is its buffer."""
+
+def _columns(output, world, sizes):
+    """Each parameter's pieces in a rank-major all-gather output, as a (world, piece) view."""
+    return output.view(world, sum(sizes)).split(sizes, dim=1)
+
+
+class _CoalescedGather:
+    """One all-gather for several parameters of one dtype and device (``_all_gather_shards``).
+
+    A parameter's full data is the column of its pieces over the output's rank blocks; ``wait``
+    copies the columns out (FSDP2's copy-out) into one flat buffer per persistence class, whose
+    segments the parameters view: a persistent parameter, whole until the step, must not keep
+    the other parameters' full data alive. A single parameter needs no copy: the output is
+    its buffer."""
 
     def __init__(self, partitioner, params, dtype, device, async_op):
         self.partitioner = partitioner
         self.params = params
         self.device = device
-        shards = [partitioner.fetch(p) for p in params]
-        self.sizes = [s.numel() for s in shards]
-        self.total = sum(self.sizes)
-        world = partitioner.world_size
-        if len(shards) == 1:
-            # a copy: with one rank the output is the send buffer, which must not be the shard
-            send = shards[0].to(device=device, dtype=dtype, non_blocking=True, copy=True)
-        else:
-            send = torch.empty(self.total, dtype=dtype, device=device)
-            torch.cat([s.to(device=device, non_blocking=True) for s in shards], out=send)
-        self.send = send  # gloo and NCCL read it until the work completes
-        if world == 1:
-            self.output, self.work = send, None
-        else:
-            self.output = torch.empty(self.total * world, dtype=dtype, device=device)
-            self.work = dist.all_gather_into_tensor(self.output, send, group=partitioner.group,
-                                                    async_op=async_op)
+        self.send, self.output, self.work, self.sizes = _all_gather_shards(
+            partitioner, params, dtype, device, async_op)
 
     def wait(self):
         if self.params is None:
@@ -222,10 +226,7 @@ class _CoalescedGather:
         if len(self.params) == 1:
             _point_at(self.params, [self.output])
         else:
-            # persistent parameters get a buffer apart: they stay whole until the step, and a
-            # view of theirs must not keep the other parameters' full data alive
-            columns = self.output.view(self.partitioner.world_size, self.total) \
-                .split(self.sizes, dim=1)
+            columns = _columns(self.output, self.partitioner.world_size, self.sizes)
             for keep in (True, False):
                 chosen = [i for i, p in enumerate(self.params) if p.ds_persist is keep]
                 if chosen:
@@ -282,21 +283,15 @@ class ResidentRefresh:
             self._targets = [p._ds_full.view(world, -1) for p in params]
             self._pointers = [p.data.data_ptr() for p in params]
             return
-        device = params[0].data.device  # shards may live on the host (offload_param)
-        shards = [partitioner.fetch(p) for p in params]
-        send = torch.cat([s.to(device, non_blocking=True) for s in shards])
+        # the full buffers' device and dtype: shards may live on the host (offload_param)
+        first = params[0].data
+        _, output, _, sizes = _all_gather_shards(partitioner, params, first.dtype, first.device)
         if partitioner.shard_store is not None:
             for param in params:
                 partitioner.settle(param)
-        world = partitioner.world_size
-        if world == 1:
-            output = send
-        else:
-            output = torch.empty(send.numel() * world, dtype=send.dtype, device=send.device)
-            dist.all_gather_into_tensor(output, send, group=partitioner.group)
-        columns = output.view(world, send.numel()).split([s.numel() for s in shards], dim=1)
         with torch.no_grad():
-            torch._foreach_copy_(self._targets, list(columns))
+            torch._foreach_copy_(self._targets,
+                                 list(_columns(output, partitioner.world_size, sizes)))
 
     def _valid(self, params):
         if self._params is None or len(self._params) != len(params):
