@@ -37,7 +37,51 @@ def all_reduce(tensor, op, group, async_op):
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
+# gloo's reduce-scatter is slower than its ring all-reduce of the whole tensor (3.2 M fp32, 2
+# ranks, one thread each: 18.9 ms against 10.0 ms; 3 ranks: 48 against 35 ms), so on gloo a
+# reduce-scatter is an all-reduce of a copy of the input, of which each rank keeps its piece
+ALL_REDUCE_FOR_REDUCE_SCATTER = {"gloo"}
+
+
+class _ThenCopy:
+    """A torch Work whose first ``wait`` also runs ``finish`` (the piece's copy-out)."""
+
+    def __init__(self, work, finish):
+        self._work, self._finish = work, finish
+
+    def wait(self, timeout=None):
+        done = self._work.wait() if timeout is None else self._work.wait(timeout)
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            finish()
+        return done
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_work"], name)
+
+
+def _reduce_scatter_by_all_reduce(output, input, op, group, async_op):
+    chunk = output.numel()
+    size = dist.get_world_size(group)
+    if input.numel() != size * chunk:
+        raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements but the group "
+                         f"size ({size}) x output ({chunk}) is {size * chunk}")
+    buffer = input.detach().reshape(-1).clone()  # the input stays as it was, as torch promises
+    work = dist.all_reduce(buffer, op=op, group=group, async_op=async_op)
+    rank = dist.get_rank(group)
+
+    def finish():
+        output.copy_(buffer.narrow(0, rank * chunk, chunk).view(output.shape))
+
+    if not async_op:
+        finish()
+        return None
+    return _ThenCopy(work, finish)
+
+
 def reduce_scatter_tensor(output, input, op, group, async_op):
+    if backend_of(group) in ALL_REDUCE_FOR_REDUCE_SCATTER:
+        return _reduce_scatter_by_all_reduce(output, input, op, group, async_op)
     return capabilities.call(
         "reduce_scatter_tensor", backend_of(group),
         lambda: _reduce_scatter_single(output, _concatenated(input, output), op=op, group=group,
