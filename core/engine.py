@@ -95,8 +95,9 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def destroy(self):
         """Finish a background checkpoint write and detach this engine from process-wide
-        services (comm observers)."""
+        services (comm observers, and what plugins attached: ``deepspeed_engine_destroy``)."""
         self.checkpoint_engine.wait()
+        self.hook.deepspeed_engine_destroy(engine=self)
         if self._comm_observer is not None:
             dist.remove_comm_observer(self._comm_observer)
             self._comm_observer = None

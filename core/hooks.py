@@ -119,6 +119,13 @@ def deepspeed_after_step(engine):
     monitor can log this step's ``engine.timers``), before the progress report."""
 
 
+@hookspec
+def deepspeed_engine_destroy(engine):
+    """Called by ``engine.destroy()``: undo what ``deepspeed_engine_init`` attached beyond the
+    engine itself (module hooks, process-wide patches, gradient hooks), so nothing outlives
+    the engine. All implementations run."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Events
 # ---------------------------------------------------------------------------------------------

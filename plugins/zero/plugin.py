@@ -174,6 +174,14 @@ class ZeroPlugin(DeepSpeedPlugin):
                                             self._aio_config(config).handle_kwargs())
 
     @hookimpl
+    def deepspeed_engine_destroy(self, engine):
+        optimizer = _zero_optimizer(engine)
+        if optimizer is not None:
+            optimizer.destroy()  # gradient hooks, NVMe swap files
+        if self.coordinator is not None:
+            self.coordinator.remove()  # module hooks, the process-wide attribute watch
+
+    @hookimpl
     def deepspeed_after_forward(self, engine):
         if self.coordinator is not None:
             self.coordinator.end_of_forward()

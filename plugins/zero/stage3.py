@@ -67,14 +67,17 @@ def _wrap_outputs(output, gather):
     return map_tensors(output, lambda t: mapping.get(id(t), t))
 
 
-_ATTRIBUTE_WATCH = {}
+_ATTRIBUTE_WATCH = {"users": 0}
 
 
 def _install_attribute_watch():
     """Route ``module.<parameter>`` reads through a check for not-yet-gathered ZeRO-3
     parameters (automatic external-parameter detection). ``nn.Module.__getattr__`` only runs
-    for parameters, buffers and submodules, so ordinary attribute reads cost nothing extra."""
-    if _ATTRIBUTE_WATCH:
+    for parameters, buffers and submodules, so ordinary attribute reads cost nothing extra.
+    Counted per coordinator: the last ``_remove_attribute_watch`` puts torch's own back, so
+    the patch does not outlive the engines that need it."""
+    _ATTRIBUTE_WATCH["users"] += 1
+    if "original" in _ATTRIBUTE_WATCH:
         return
     original = torch.nn.Module.__getattr__
 
@@ -89,6 +92,12 @@ def _install_attribute_watch():
 
     _ATTRIBUTE_WATCH["original"] = original
     torch.nn.Module.__getattr__ = __getattr__
+
+
+def _remove_attribute_watch():
+    _ATTRIBUTE_WATCH["users"] = max(_ATTRIBUTE_WATCH["users"] - 1, 0)
+    if _ATTRIBUTE_WATCH["users"] == 0 and "original" in _ATTRIBUTE_WATCH:
+        torch.nn.Module.__getattr__ = _ATTRIBUTE_WATCH.pop("original")
 
 
 def register_external_parameter(module, parameter):
@@ -199,9 +208,14 @@ class ParameterCoordinator:
         return self
 
     def remove(self):
+        """Detach from the model (the engine is being destroyed): module hooks, and the
+        process-wide attribute watch once no other coordinator needs it."""
+        if not self._handles:
+            return
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        _remove_attribute_watch()
 
     # ------------------------------------------------------------------ hooks
     def _pre_forward(self, module, args):

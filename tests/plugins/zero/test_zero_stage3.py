@@ -474,3 +474,42 @@ def test_the_16bit_save_face_hf_trainer_calls(dist_pool):
                 torch.testing.assert_close(state[name], value, rtol=0, atol=0)
         else:
             assert state is None
+
+
+def _destroy_restores_torch():
+    import deepspeed
+    from deepspeed.zero.stage3 import _ATTRIBUTE_WATCH
+
+    # engines of earlier tests in this worker may still hold the watch: count from here
+    users = _ATTRIBUTE_WATCH["users"]
+    torch_own = _ATTRIBUTE_WATCH.get("original", torch.nn.Module.__getattr__)
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    first, *_ = deepspeed.initialize(model=_mlp(), config=config)
+    second, *_ = deepspeed.initialize(model=_mlp(), config=config)
+    counted = _ATTRIBUTE_WATCH["users"] - users
+    patched = torch.nn.Module.__getattr__ is not torch_own
+    x = torch.randn(MICRO, 9)
+    first.backward(first(x).pow(2).mean())
+    first.step()
+    first.destroy()
+    still_patched = torch.nn.Module.__getattr__ is not torch_own  # the second engine needs it
+    second.backward(second(x).pow(2).mean())  # and still trains
+    second.step()
+    second.destroy()
+    released = _ATTRIBUTE_WATCH["users"] == users
+    restored = users > 0 or torch.nn.Module.__getattr__ is torch_own
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
+                for engine in (first, second) for m in engine.module.modules())
+    grad_hooks = sum(len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+                     for engine in (first, second) for p in engine.module.parameters())
+    return counted, patched, still_patched, released, restored, hooks, grad_hooks
+
+
+def test_destroy_detaches_zero3_from_torch(dist_pool):
+    for counted, patched, still_patched, released, restored, hooks, grad_hooks in \
+            dist_pool.run(_destroy_restores_torch):
+        assert counted == 2 and patched and still_patched
+        assert released and restored  # torch's own __getattr__ back once no engine needs it
+        assert hooks == 0 and grad_hooks == 0
