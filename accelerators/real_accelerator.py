@@ -22,10 +22,33 @@ _active = None  # the cached choice
 _user_choice = None  # the instance given to set_accelerator()
 
 
+def load_accelerator_class(name, source="accelerator"):
+    """The accelerator class registered as `name`; `source` names where the name came from."""
+    available = registry.accelerator_entry_points()
+    entry_point = available.get(name)
+    if entry_point is None:
+        matches = [ep for key, ep in available.items() if key.lower() == name.lower()]
+        entry_point = matches[0] if len(matches) == 1 else None
+    if entry_point is None:
+        installed = ", ".join(available) or "none"
+        raise ValueError(f"{source}={name!r} is not an installed accelerator; installed accelerators "
+                         f"(entry-point group '{registry.ACCELERATOR_GROUP}'): {installed}")
+    try:
+        accelerator_class = entry_point.load()
+    except Exception as err:
+        raise ImportError(f"accelerator {entry_point.name!r} could not be loaded from "
+                          f"{entry_point.value!r}: {err}") from err
+    if not (isinstance(accelerator_class, type) and issubclass(accelerator_class, DeepSpeedAccelerator)):
+        raise TypeError(f"entry point {entry_point.name!r} = {entry_point.value!r} in group "
+                        f"'{registry.ACCELERATOR_GROUP}' is {accelerator_class!r}, "
+                        "not a DeepSpeedAccelerator subclass")
+    return accelerator_class
+
+
 def _from_env(name):
     if _user_choice is not None and (_user_choice._name or "").lower() == name.lower():
         return _user_choice
-    accelerator_class = registry.load_accelerator_class(name, source=ENV_VAR)
+    accelerator_class = load_accelerator_class(name, source=ENV_VAR)
     if _user_choice is not None:
         logger.warning(f"{ENV_VAR}={name!r} overrides the accelerator given to set_accelerator() "
                        f"({_user_choice._name!r})")
@@ -40,7 +63,7 @@ def _select():
         accelerator, how = _user_choice, "set_accelerator"
     else:
         name = "cuda" if torch.cuda.is_available() else "cpu"
-        accelerator, how = registry.load_accelerator_class(name, source="detected")(), "auto detect"
+        accelerator, how = load_accelerator_class(name, source="detected")(), "auto detect"
     logger.debug(f"Setting ds_accelerator to {accelerator._name} ({how})")
     return accelerator
 

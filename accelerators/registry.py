@@ -1,5 +1,11 @@
 """Entry-point discovery of accelerators and op builders (see `deepspeed.utils.entry_points`:
-a third-party registration of a built-in name replaces the built-in)."""
+a third-party registration of a built-in name replaces the built-in).
+
+This module only finds what is installed; it knows nothing of the accelerator classes, so that
+`abstract_accelerator` (which looks its op builders up here) can depend on it without a circle.
+Loading an accelerator by name and checking it is a `DeepSpeedAccelerator` is part of choosing
+one: `real_accelerator.load_accelerator_class`.
+"""
 from __future__ import annotations
 
 import importlib
@@ -10,38 +16,19 @@ ACCELERATOR_GROUP = "deepspeed.accelerators"
 OP_BUILDER_GROUP = "deepspeed.op_builders"
 
 
+def accelerator_entry_points():
+    """{accelerator name: entry point} of every installed accelerator, not loaded yet."""
+    return entry_points_of(ACCELERATOR_GROUP)
+
+
 def installed_accelerators():
     """{accelerator name: 'module:Class'} of every installed accelerator, for ds_report."""
-    return {name: ep.value for name, ep in entry_points_of(ACCELERATOR_GROUP).items()}
+    return {name: ep.value for name, ep in accelerator_entry_points().items()}
 
 
 def installed_op_builders():
     """{builder class name: 'module:Class'} of every op builder registered by entry point."""
     return {name: ep.value for name, ep in entry_points_of(OP_BUILDER_GROUP).items()}
-
-
-def load_accelerator_class(name, source="accelerator"):
-    """The accelerator class registered as `name`; `source` names where the name came from."""
-    from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
-
-    available = entry_points_of(ACCELERATOR_GROUP)
-    entry_point = available.get(name)
-    if entry_point is None:
-        matches = [ep for key, ep in available.items() if key.lower() == name.lower()]
-        entry_point = matches[0] if len(matches) == 1 else None
-    if entry_point is None:
-        installed = ", ".join(available) or "none"
-        raise ValueError(f"{source}={name!r} is not an installed accelerator; installed accelerators "
-                         f"(entry-point group '{ACCELERATOR_GROUP}'): {installed}")
-    try:
-        accelerator_class = entry_point.load()
-    except Exception as err:
-        raise ImportError(f"accelerator {entry_point.name!r} could not be loaded from "
-                          f"{entry_point.value!r}: {err}") from err
-    if not (isinstance(accelerator_class, type) and issubclass(accelerator_class, DeepSpeedAccelerator)):
-        raise TypeError(f"entry point {entry_point.name!r} = {entry_point.value!r} in group "
-                        f"'{ACCELERATOR_GROUP}' is {accelerator_class!r}, not a DeepSpeedAccelerator subclass")
-    return accelerator_class
 
 
 def _import_optional(module_name):

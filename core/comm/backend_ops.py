@@ -86,14 +86,14 @@ def reduce_scatter_tensor(output, input, op, group, async_op):
         "reduce_scatter_tensor", backend_of(group),
         lambda: _reduce_scatter_single(output, _concatenated(input, output), op=op, group=group,
                                        async_op=async_op),
-        lambda: fallbacks.reduce_scatter_tensor(output, input, op, group, async_op))
+        lambda: fallbacks.reduce_scatter_tensor(output, input, op, group, async_op, all_reduce))
 
 
 def reduce_scatter(output, input_list, op, group, async_op):
     return capabilities.call(
         "reduce_scatter", backend_of(group),
         lambda: dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op),
-        lambda: fallbacks.reduce_scatter(output, input_list, op, group, async_op))
+        lambda: fallbacks.reduce_scatter(output, input_list, op, group, async_op, all_reduce))
 
 
 def all_gather_into_tensor(output, input, group, async_op):
@@ -118,11 +118,11 @@ def all_to_all(output_list, input_list, group, async_op):
     shapes = {tuple(t.shape) for t in (*output_list, *input_list)}
     if len(shapes) > 1:
         # uneven chunks: gloo's list all_to_all refuses them, all_to_all_single takes split sizes
-        return fallbacks.all_to_all(output_list, input_list, group, async_op)
+        return fallbacks.all_to_all(output_list, input_list, group, async_op, all_to_all_single)
     return capabilities.call(
         "all_to_all", backend_of(group),
         lambda: dist.all_to_all(output_list, input_list, group=group, async_op=async_op),
-        lambda: fallbacks.all_to_all(output_list, input_list, group, async_op))
+        lambda: fallbacks.all_to_all(output_list, input_list, group, async_op, all_to_all_single))
 
 
 def monitored_barrier(group, timeout, wait_all_ranks):

@@ -3,6 +3,11 @@
 Used when the backend refuses the native op (see `capabilities`): older gloo lacks list
 `all_to_all`, `reduce_scatter` and `ReduceOp.AVG`; some backends lack `monitored_barrier`. Each
 function has the native op's signature and result, and finishes before returning.
+
+A fallback built on another op that may itself need a fallback (a reduce-scatter on an AVG
+all-reduce, a list all_to_all on all_to_all_single) takes that op as its last argument:
+`backend_ops` passes its own, fallback-aware version. The dependency thus points one way, from
+`backend_ops` to this module, which uses only torch.distributed.
 """
 import torch
 import torch.distributed as dist
@@ -30,25 +35,21 @@ def all_reduce_avg(tensor, group, async_op):
     return _done(async_op)
 
 
-def _all_reduce(tensor, op, group):
-    from deepspeed.comm import backend_ops
-
-    backend_ops.all_reduce(tensor, op, group, False)
-
-
-def reduce_scatter_tensor(output, input, op, group, async_op):
+def reduce_scatter_tensor(output, input, op, group, async_op, all_reduce):
+    """`all_reduce(tensor, op, group, async_op)` is the all-reduce to build it from."""
     rank, size = _rank_and_size(group)
     chunk = output.numel()
     if input.numel() != size * chunk:
         raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements but the group "
                          f"size ({size}) x output ({chunk}) is {size * chunk}")
     buffer = input.detach().reshape(-1).clone()
-    _all_reduce(buffer, op, group)
+    all_reduce(buffer, op, group, False)
     output.copy_(buffer[rank * chunk:(rank + 1) * chunk].view(output.shape))
     return _done(async_op)
 
 
-def reduce_scatter(output, input_list, op, group, async_op):
+def reduce_scatter(output, input_list, op, group, async_op, all_reduce):
+    """`all_reduce(tensor, op, group, async_op)` is the all-reduce to build it from."""
     rank, size = _rank_and_size(group)
     if len(input_list) != size:
         raise ValueError(f"reduce_scatter: input_list has {len(input_list)} tensors, the group has "
@@ -58,7 +59,7 @@ def reduce_scatter(output, input_list, op, group, async_op):
         raise ValueError(f"reduce_scatter: output has {output.numel()} elements but "
                          f"input_list[{rank}] has {sizes[rank]}")
     buffer = torch.cat([t.detach().reshape(-1) for t in input_list])
-    _all_reduce(buffer, op, group)
+    all_reduce(buffer, op, group, False)
     start = sum(sizes[:rank])
     output.copy_(buffer[start:start + sizes[rank]].view(output.shape))
     return _done(async_op)
@@ -116,9 +117,9 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, grou
     return _done(async_op)
 
 
-def all_to_all(output_list, input_list, group, async_op):
-    from deepspeed.comm import backend_ops
-
+def all_to_all(output_list, input_list, group, async_op, all_to_all_single):
+    """`all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)`
+    is the op to build it from."""
     _, size = _rank_and_size(group)
     if len(input_list) != size or len(output_list) != size:
         raise ValueError(f"all_to_all: got {len(input_list)} inputs and {len(output_list)} outputs "
@@ -129,8 +130,8 @@ def all_to_all(output_list, input_list, group, async_op):
                          f"{sorted(map(str, dtypes))}")
     send = torch.cat([t.detach().reshape(-1) for t in input_list])
     receive = torch.empty(sum(t.numel() for t in output_list), dtype=send.dtype, device=send.device)
-    backend_ops.all_to_all_single(receive, send, [t.numel() for t in output_list],
-                                  [t.numel() for t in input_list], group, False)
+    all_to_all_single(receive, send, [t.numel() for t in output_list],
+                      [t.numel() for t in input_list], group, False)
     start = 0
     for target in output_list:
         target.copy_(receive[start:start + target.numel()].view(target.shape))

@@ -2,6 +2,14 @@
 
 Multi-rank runs print everything N times unless messages say which ranks should speak;
 `log_dist` is the one place that decides.
+
+This module sits at the bottom of the import graph: it imports nothing from `deepspeed`, because
+almost every module (`deepspeed.comm` and the accelerators included) logs through it. The rank
+`log_dist` needs therefore flows upwards by registration instead of by import: `deepspeed.comm`,
+the only door to torch.distributed, hands its rank lookup to `set_rank_source` when it is imported.
+Until then (or while no process group is up) the launcher's `RANK` variable is the rank. The
+other direction, this module importing `deepspeed.comm`, would make the logger depend on the
+whole communication stack and the accelerator behind it, which all log through this module.
 """
 import logging
 import os
@@ -24,11 +32,23 @@ def _create_logger(name="DeepSpeed", level=logging.INFO):
 logger = _create_logger()
 
 
-def _current_rank():
-    from deepspeed import comm  # here, not at the top: deepspeed.comm logs through this module
+_rank_source = None  # set by deepspeed.comm: () -> this process's rank, or None without a group
 
-    if comm.is_initialized():
-        return comm.get_rank()
+
+def set_rank_source(source):
+    """Make `source()` the rank `log_dist` reports: an int, or None when no process group is up
+    (then `RANK` from the environment is used). `None` unregisters; returns the previous source."""
+    global _rank_source
+    if source is not None and not callable(source):
+        raise TypeError(f"set_rank_source() needs a callable or None, got {source!r}")
+    previous, _rank_source = _rank_source, source
+    return previous
+
+
+def _current_rank():
+    rank = _rank_source() if _rank_source is not None else None
+    if rank is not None:
+        return rank
     return int(os.environ.get("RANK", "0"))
 
 
