@@ -42,9 +42,46 @@ RUNTIME_COMPAT = "runtime_compat"
 # Plugins whose upstream runtime path is not `deepspeed.runtime.<plugin>`.
 RUNTIME_COMPAT_NAMES = {"sequence": "sequence_parallel"}
 
+# A plugin's `upstream_paths/` folder holds shims for upstream import paths *anywhere* under
+# `deepspeed` that name one of its features, in particular inside core packages
+# (`deepspeed.utils.zero_to_fp32`, `deepspeed.checkpoint.ds_to_universal`): the folder path
+# spells the import path, and each first folder on a branch holding an `__init__.py` becomes the
+# package `deepspeed.<path with dots>` (with its sub-packages). The folders above it have no
+# `__init__.py`: their names belong to core or another plugin, which never import the shim.
+# `upstream_paths/` itself has no `__init__.py`, so it is never importable under the plugin's
+# own name. A shim that would replace an existing package or module fails the build.
+UPSTREAM_PATHS = "upstream_paths"
+
+
+def _upstream_roots(plugin_folder):
+    """(folder, import name) of each shim package under ``plugin_folder/upstream_paths/``."""
+    base = os.path.join(ROOT, plugin_folder, UPSTREAM_PATHS)
+    if os.path.isfile(os.path.join(base, "__init__.py")):
+        raise RuntimeError(f"{plugin_folder}/{UPSTREAM_PATHS}/__init__.py: the folder only spells "
+                           f"import paths and must not be a package itself")
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__")))
+        if "__init__.py" in filenames:
+            dirnames[:] = []  # its sub-packages come with it (_walk)
+            rel = os.path.relpath(dirpath, base)
+            yield os.path.relpath(dirpath, ROOT), "deepspeed." + rel.replace(os.sep, ".")
+
+
+def _check_upstream_shims(mapping, shims):
+    """A shim must add a name, never shadow one that core or another plugin provides."""
+    for name, folder in shims.items():
+        parent, _, leaf = name.rpartition(".")
+        clash = mapping.get(name)
+        if clash is None and parent in mapping:
+            module = os.path.join(mapping[parent], leaf + ".py")
+            clash = module if os.path.isfile(os.path.join(ROOT, module)) else None
+        if clash is not None:
+            raise RuntimeError(f"{folder} would be imported as {name}, which {clash} already is")
+
 
 def package_map():
     roots = dict(ROOTS)
+    shim_roots = {}
     plugins_dir = os.path.join(ROOT, "plugins")
     if os.path.isdir(plugins_dir):
         for entry in sorted(os.listdir(plugins_dir)):
@@ -53,6 +90,7 @@ def package_map():
                 compat = os.path.join("plugins", entry, RUNTIME_COMPAT)
                 if os.path.isfile(os.path.join(ROOT, compat, "__init__.py")):
                     roots[compat] = "deepspeed.runtime." + RUNTIME_COMPAT_NAMES.get(entry, entry)
+                shim_roots.update(_upstream_roots(os.path.join("plugins", entry)))
     mapping = {}
     for folder, import_name in roots.items():
         for name, path in _walk(folder, import_name):
@@ -60,6 +98,14 @@ def package_map():
                 if not name.startswith("deepspeed.runtime."):
                     continue  # only reachable under its upstream name
             mapping[name] = path
+    shims = {}
+    for folder, import_name in shim_roots.items():
+        for name, path in _walk(folder, import_name):
+            if name in shims:
+                raise RuntimeError(f"{path} and {shims[name]} both claim {name}")
+            shims[name] = path
+    _check_upstream_shims(mapping, shims)
+    mapping.update(shims)
     return mapping
 
 

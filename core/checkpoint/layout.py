@@ -7,8 +7,8 @@
         rng_state_rank_<global rank>.pt      python / numpy / torch / accelerator RNG, per rank
         ...                                  files plugins add (ZeRO optimizer shards, ...)
 
-The ``mp_rank_XX_model_states.pt`` name and the ``latest`` file follow DeepSpeed, so tools that
-read DeepSpeed checkpoints (``zero_to_fp32``) read ours. The per-rank RNG file is ours.
+The ``mp_rank_XX_model_states.pt`` name and the ``latest`` file follow DeepSpeed, so offline
+tools written for DeepSpeed checkpoints read ours. The per-rank RNG file is ours.
 """
 import os
 

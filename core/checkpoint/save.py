@@ -22,8 +22,7 @@ import os
 from deepspeed import comm as dist
 from deepspeed.checkpoint import collective, layout
 from deepspeed.checkpoint.atomic import (atomic_torch_save, atomic_write_text,
-                                         ensure_weights_only_loadable, write_file_atomically,
-                                         writing_through)
+                                         ensure_weights_only_loadable, writing_through)
 from deepspeed.checkpoint.engines import checkpoint_engine_for
 from deepspeed.checkpoint.model_state import (engine_state, merge_client_state,
                                               module_state_dict)
@@ -68,21 +67,6 @@ def _write_rank_files(engine, save_dir, tag, client_state, exclude_frozen_parame
                       os.path.join(checkpoint_dir, layout.rng_state_filename(dist.get_rank())))
 
 
-def _copy_zero_to_fp32(engine, save_dir):
-    """ZeRO checkpoints hold only partitions: put the offline consolidation script next to
-    them, as DeepSpeed does (``python zero_to_fp32.py . pytorch_model.bin``)."""
-    if not collective.writes_shared_files(engine):
-        return
-    import deepspeed.utils
-
-    source = os.path.join(os.path.dirname(deepspeed.utils.__file__), "zero_to_fp32.py")
-    with open(source, "rb") as f:
-        script = f.read()
-    target = os.path.join(save_dir, "zero_to_fp32.py")
-    write_file_atomically(target, lambda out: out.write(script))
-    os.chmod(target, 0o755)
-
-
 def _on_commit(engine, save_dir, tag, save_latest, agreed):
     """The collective end of a save: every rank's files are durable (agreed on first when the
     writes happened in the background), then ``latest`` names ``tag``."""
@@ -94,9 +78,6 @@ def _on_commit(engine, save_dir, tag, save_latest, agreed):
             collective.on_all_ranks(
                 engine, f"writing checkpoint '{tag}' to '{save_dir}' ('latest' not updated)",
                 check)
-        if getattr(engine.config, "zero_enabled", False):
-            collective.on_all_ranks(engine, f"copying zero_to_fp32.py into '{save_dir}'",
-                                    lambda: _copy_zero_to_fp32(engine, save_dir))
         if save_latest:
             collective.on_all_ranks(
                 engine, f"updating '{layout.latest_path(save_dir)}' to '{tag}'",
@@ -142,7 +123,7 @@ def save_16bit_model(engine, save_dir, save_filename="pytorch_model.bin",
                      exclude_frozen_parameters=False):
     """Save the module's weights in the dtype it trains in (16-bit under fp16/bf16) as one
     ``state_dict`` file. Collective. Returns True when saved; a plugin that shards the weights
-    (ZeRO-3) decides through ``deepspeed_save_16bit_model`` and may return False."""
+    decides through ``deepspeed_save_16bit_model`` and may return False."""
     handled = engine.hook.deepspeed_save_16bit_model(
         engine=engine, save_dir=save_dir, save_filename=save_filename,
         exclude_frozen_parameters=exclude_frozen_parameters)

@@ -1,149 +1,55 @@
-"""ZeRO stage 1/2 optimizer checkpoints: one file per data-parallel rank, re-cut on demand.
+"""ZeRO optimizer checkpoints: one file per data-parallel rank, re-cut on demand.
 
 Each rank writes ``zero_pp_rank_<dp rank>_mp_rank_<mp rank:02d>_optim_states.pt`` next to the
-model states, holding its fp32 partition, its optimizer state in the same flat coordinates,
-and the layout (``deepspeed.zero.partition.describe``) that says which element of which
-parameter every partition element is. Loading under the same layout reads only this rank's
-file; under another layout (a different bucket size, or, with ``elastic_checkpoint``, a
-different number of ranks) every rank reads all files, rebuilds whole parameters and moments,
-and cuts its new partition from them, so nothing is lost.
+model states, holding its partition state dict (``deepspeed.zero.partition_state``): its fp32
+partition, its optimizer state in the same flat coordinates, and the layout
+(``deepspeed.zero.partition.describe``) that says which element of which parameter every
+partition element is. Loading under the same layout reads only this rank's file; under another
+layout (a different bucket size, or, with ``elastic_checkpoint``, a different number of ranks)
+every rank reads all files, rebuilds whole parameters and moments, and cuts its new partition
+from them, so nothing is lost.
+
+Since no file of such a checkpoint holds the whole model, a save also puts the offline
+consolidation script ``zero_to_fp32.py`` next to ``latest`` (``copy_zero_to_fp32``).
 """
 import os
 
 import torch
 
 from deepspeed.checkpoint import atomic_torch_save, load_file
+from deepspeed.checkpoint.atomic import write_file_atomically
+from deepspeed.checkpoint.collective import writes_shared_files
 from deepspeed.version import __version__
 from deepspeed.zero import partition as layout_math
+from deepspeed.zero.partition_state import (ZeroCheckpointError, load_partition_state_dict,
+                                            partition_state_dict)
 
 OPTIM_FILE = "zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
-
-
-class ZeroCheckpointError(RuntimeError):
-    """A ZeRO checkpoint that cannot be loaded into this engine as configured."""
+ZERO_TO_FP32_FILENAME = "zero_to_fp32.py"
 
 
 def optim_states_filename(dp_rank, mp_rank=0):
     return OPTIM_FILE.format(dp_rank=dp_rank, mp_rank=mp_rank)
 
 
-def _is_elementwise(value, numel):
-    return torch.is_tensor(value) and value.dim() == 1 and value.numel() == numel
-
-
-def partition_state_dict(opt):
-    """This rank's state as plain tensors in partition coordinates (independent of how the
-    partition is cut into optimizer sub-groups)."""
-    fp32, states, scalars = [], [], []
-    for chunks in opt.chunks:
-        flat_parts, state_parts, group_scalars = [], {}, {}
-        for chunk in chunks:
-            opt._swap_in(chunk)
-            flat_parts.append(chunk.detach().clone())
-            for key, value in opt.optimizer.state.get(chunk, {}).items():
-                if _is_elementwise(value, chunk.numel()):
-                    state_parts.setdefault(key, []).append(value.detach().clone())
-                else:
-                    group_scalars.setdefault(key, value.clone() if torch.is_tensor(value)
-                                             else value)
-            opt._swap_out(chunk)
-        fp32.append(torch.cat(flat_parts) if flat_parts else torch.zeros(0))
-        states.append({k: torch.cat(v) for k, v in state_parts.items()})
-        scalars.append(group_scalars)
-    hyper = [{k: v for k, v in group.items() if k != "params"}
-             for group in opt.optimizer.param_groups]
-    return {
-        "frozen_shards": _frozen_shards(opt),
-        "zero_stage": opt.stage,
-        "partition_count": opt.world_size,
-        "layout": layout_math.describe(opt.layouts, opt.param_names),
-        "single_partition_of_fp32_groups": fp32,
-        "optimizer_state": states,
-        "optimizer_scalars": scalars,
-        "param_groups": hyper,
-        "loss_scaler": opt.loss_scaler.state_dict() if opt.loss_scaler is not None else None,
-        "overflow": bool(opt.overflow),
-        "ds_version": str(__version__),
-    }
-
-
-def _frozen_zero3_params(opt):
-    """ZeRO-3 parameters no optimizer partition covers (frozen ones): their shards are only
-    on the ranks, so each rank's file carries its own."""
-    owned = {id(p) for params in opt.partitioned_params for p in params}
-    return {name: p for name, p in opt.module.named_parameters()
-            if hasattr(p, "ds_id") and id(p) not in owned and not p.ds_persist}
-
-
-def _frozen_shards(opt):
-    out = {}
-    for name, param in _frozen_zero3_params(opt).items():
-        out[name] = param.ds_partitioner.fetch(param).detach().clone()
-        param.ds_partitioner.settle(param)
-    return out
-
-
-def _restore_frozen(opt, saved):
-    params = _frozen_zero3_params(opt)
-    with torch.no_grad():
-        for name, full in (saved.get("frozen_full") or {}).items():
-            if name in params:
-                params[name].ds_partitioner.load_full(params[name], full)
-        if saved.get("partition_count") == opt.world_size:
-            for name, shard in (saved.get("frozen_shards") or {}).items():
-                if name in params:
-                    param = params[name]
-                    param.ds_partitioner.fetch(param).copy_(shard)
-                    param.ds_partitioner.settle(param)
-
-
-def load_partition_state_dict(opt, saved, load_from_fp32_weights=None):
-    """Install a ``partition_state_dict`` of this rank's *current* layout."""
-    if load_from_fp32_weights is None:
-        load_from_fp32_weights = bool(opt.zero_config.load_from_fp32_weights)
-    if len(saved["single_partition_of_fp32_groups"]) != len(opt.chunks):
-        raise ZeroCheckpointError(
-            f"the checkpoint has {len(saved['single_partition_of_fp32_groups'])} optimizer param "
-            f"groups, this optimizer has {len(opt.chunks)}")
-    for group, chunks in enumerate(opt.chunks):
-        flat = saved["single_partition_of_fp32_groups"][group]
-        expected = opt.layouts[group].partition_numel
-        if flat.numel() != expected:
-            raise ZeroCheckpointError(f"param group {group}: the checkpoint partition holds "
-                                      f"{flat.numel()} elements, this rank owns {expected}")
-        start = 0
-        for chunk in chunks:
-            opt._swap_in(chunk)
-            length = chunk.numel()
-            state = {key: value.narrow(0, start, length).clone().to(chunk.device)
-                     for key, value in saved["optimizer_state"][group].items()}
-            for key, value in saved["optimizer_scalars"][group].items():
-                state[key] = value.clone() if torch.is_tensor(value) else value
-            opt.optimizer.state[chunk] = state
-            if load_from_fp32_weights:
-                with torch.no_grad():
-                    chunk.copy_(flat.narrow(0, start, length))
-            opt._swap_out(chunk)
-            start += length
-        opt.optimizer.param_groups[group].update(saved["param_groups"][group])
-    _restore_frozen(opt, saved)
-    if opt.loss_scaler is not None and saved.get("loss_scaler") is not None:
-        opt.loss_scaler.load_state_dict(saved["loss_scaler"])
-    opt.overflow = bool(saved.get("overflow", False))
-    if load_from_fp32_weights:
-        # the model's weights become the (rounded) fp32 partitions of every rank
-        with torch.no_grad():
-            for group, chunks in enumerate(opt.chunks):
-                for chunk, segments in zip(chunks, opt._segments[group]):
-                    opt._swap_in(chunk)
-                    opt._write_back(chunk, segments)
-                    opt._swap_out(chunk)
-        opt.after_optimizer_step()
-    else:
-        opt.refresh_fp32_params()
-
-
 # ---------------------------------------------------------------------- files
+def copy_zero_to_fp32(engine, save_dir):
+    """Put the offline consolidation script next to ``latest``, as DeepSpeed does, so the folder
+    converts itself (``python zero_to_fp32.py . pytorch_model.bin``). The script is
+    ``deepspeed.zero.zero_to_fp32``, which imports nothing from DeepSpeed. Written once per
+    storage (global rank 0, or each node's first rank with node-local storage), atomically."""
+    if not writes_shared_files(engine):
+        return None
+    from deepspeed.zero import zero_to_fp32
+
+    with open(zero_to_fp32.__file__, "rb") as f:
+        script = f.read()
+    target = os.path.join(os.fspath(save_dir), ZERO_TO_FP32_FILENAME)
+    write_file_atomically(target, lambda out: out.write(script))
+    os.chmod(target, 0o755)
+    return target
+
+
 def save_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, ds_config):
     path = os.path.join(checkpoint_dir, optim_states_filename(dp_rank, mp_rank))
     atomic_torch_save({"optimizer_state_dict": partition_state_dict(opt), "ds_config": ds_config,

@@ -23,7 +23,7 @@ from typing import List
 
 import torch
 
-from deepspeed.checkpoint.zero_layout import (assemble, partition_numel,  # noqa: F401
+from deepspeed.zero.checkpoint_layout import (assemble, partition_numel,  # noqa: F401
                                               partition_ranges, split)
 
 

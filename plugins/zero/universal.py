@@ -9,8 +9,8 @@ import torch
 
 from deepspeed.checkpoint.universal import FP32_KEY, load_param_state, read_info
 from deepspeed.zero import partition as layout_math
-from deepspeed.zero.checkpointing import (ZeroCheckpointError, _frozen_zero3_params,
-                                          load_partition_state_dict)
+from deepspeed.zero.partition_state import (ZeroCheckpointError, frozen_zero3_params,
+                                            load_partition_state_dict)
 
 
 def _check_groups(info, described, checkpoint_dir):
@@ -44,7 +44,7 @@ def _cut(checkpoint_dir, described, world_size, rank, key):
 
 
 def universal_partition_state_dict(opt, checkpoint_dir):
-    """A ``partition_state_dict`` (see ``deepspeed.zero.checkpointing``) for this rank of
+    """A ``partition_state_dict`` (see ``deepspeed.zero.partition_state``) for this rank of
     ``opt``'s current layout, built from the universal checkpoint in ``checkpoint_dir``."""
     info = read_info(checkpoint_dir)
     described = layout_math.describe(opt.layouts, opt.param_names)
@@ -55,7 +55,7 @@ def universal_partition_state_dict(opt, checkpoint_dir):
         states.append({key: _cut(checkpoint_dir, buckets, opt.world_size, opt.rank, key)
                        for key in info["state_keys"][group]})
     frozen = {}
-    for name in _frozen_zero3_params(opt):
+    for name in frozen_zero3_params(opt):
         if name not in info["frozen_param_shapes"]:
             raise ZeroCheckpointError(f"the frozen parameter {name!r} is not in the universal "
                                       f"checkpoint '{checkpoint_dir}'")

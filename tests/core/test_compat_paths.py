@@ -14,6 +14,15 @@ PATHS = [
     ("deepspeed.checkpoint.utils", "clone_tensors_for_torch_save", "deepspeed.checkpoint.utils"),
     ("deepspeed.accelerator", "get_accelerator", "deepspeed.accelerator"),
     ("deepspeed.launcher.runner", "main", "deepspeed.launcher.runner"),
+    # shipped by the zero plugin (plugins/zero/upstream_paths, mapped by setup.py)
+    ("deepspeed.utils.zero_to_fp32", "get_fp32_state_dict_from_zero_checkpoint",
+     "deepspeed.zero.zero_to_fp32"),
+    ("deepspeed.utils.zero_to_fp32", "load_state_dict_from_zero_checkpoint",
+     "deepspeed.zero.zero_to_fp32"),
+    ("deepspeed.utils.zero_to_fp32", "convert_zero_checkpoint_to_fp32_state_dict",
+     "deepspeed.zero.zero_to_fp32"),
+    ("deepspeed.checkpoint.ds_to_universal", "main", "deepspeed.zero.ds_to_universal"),
+    ("deepspeed.checkpoint.ds_to_universal", "convert", "deepspeed.zero.ds_to_universal"),
 ]
 
 

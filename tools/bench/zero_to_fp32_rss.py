@@ -5,10 +5,11 @@ writes (the docs promise about 2x).
     python tools/bench/zero_to_fp32_rss.py --layers 4 --width 1024 --workdir /tmp --keep
 
 Builds a ZeRO-3 checkpoint (fp32, AdamW, one training step) of a stack of wide Linear layers on
-2 gloo ranks, then runs the script (one output file, then ``--max_shard_size`` shards into a
-directory) in a fresh process that reports its own ``ru_maxrss`` (the
-checkpoint builders are other processes, so their peaks do not mix in). Also measured: the same
-process importing torch and ``deepspeed`` only, the interpreter's share of the peak. Needs disk
+2 gloo ranks, then runs the copy of the script that the save put into the checkpoint folder
+(one output file, then ``--max_shard_size`` shards into a directory) in a fresh process that
+reports its own ``ru_maxrss`` (the checkpoint builders are other processes, so their peaks do not
+mix in). Also measured: the same process importing only torch (the script imports nothing from
+DeepSpeed), the interpreter's share of the peak. Needs disk
 for the checkpoint (about 3x the model: fp32 masters and two Adam moments) plus the output.
 It is a tool, never a test: nothing here asserts on memory.
 """
@@ -29,7 +30,7 @@ try:
     if script != "-":
         runpy.run_path(script, run_name="__main__")
     else:
-        import torch, deepspeed.checkpoint.zero_layout
+        import torch
 finally:  # the script ends with sys.exit
     print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
@@ -82,8 +83,6 @@ def main():
 
     from deepspeed.testing.distributed import run_distributed
 
-    import deepspeed.utils.zero_to_fp32 as z2f
-
     work = tempfile.mkdtemp(prefix="zero_to_fp32_rss_", dir=args.workdir)
     try:
         save_dir = os.path.join(work, "ckpt")
@@ -92,7 +91,8 @@ def main():
         model_bytes = numel * 4
         baseline = _peak_rss("-")
         output = os.path.join(work, "pytorch_model.bin")
-        peak = _peak_rss(z2f.__file__, save_dir, output)
+        script = os.path.join(save_dir, "zero_to_fp32.py")  # the copy the save wrote
+        peak = _peak_rss(script, save_dir, output)
         written = os.path.getsize(output)
         gib = 2 ** 30
         print(f"model: {numel / 1e6:.1f}M params, fp32 {model_bytes / gib:.3f} GiB "
@@ -103,7 +103,7 @@ def main():
               f"(without the interpreter's share: {(peak - baseline) / model_bytes:.2f}; "
               f"target <= 2.2)")
         os.remove(output)
-        sharded = _peak_rss(z2f.__file__, save_dir, os.path.join(work, "hf"),
+        sharded = _peak_rss(script, save_dir, os.path.join(work, "hf"),
                             "--max_shard_size", args.max_shard_size)
         print(f"sharded output (--max_shard_size {args.max_shard_size}): peak RSS "
               f"{sharded / gib:.3f} GiB, {sharded / model_bytes:.2f} x the fp32 model")

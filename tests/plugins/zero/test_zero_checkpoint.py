@@ -122,3 +122,36 @@ def test_zero_to_fp32_script_is_placed_next_to_latest(dist_pool, tmp_path):
     listing = dist_pool.run(_save_and_list, args=(str(tmp_path),))[0]
     assert listing == ["global_step2", "latest", "zero_to_fp32.py"]
     assert os.access(tmp_path / "zero_to_fp32.py", os.X_OK)
+
+
+def _save_with_failing_script_copy(save_dir):
+    """Rank 0 cannot write zero_to_fp32.py during the second save."""
+    from unittest import mock
+
+    from deepspeed import comm as dist
+    from deepspeed.checkpoint import CheckpointWriteError
+
+    engine = _engine(2)
+    train(engine, 2, GAS)
+    engine.save_checkpoint(save_dir)
+    train(engine, 1, GAS, first_step=2)
+
+    def refuse(path, write):
+        raise OSError(f"disk full writing {path}")
+
+    with mock.patch("deepspeed.zero.checkpointing.write_file_atomically", refuse):
+        try:
+            engine.save_checkpoint(save_dir)
+        except (OSError, CheckpointWriteError) as err:
+            failure = type(err).__name__, str(err)
+        else:
+            failure = None
+    return dist.get_rank(), failure, open(os.path.join(save_dir, "latest")).read()
+
+
+def test_a_failed_script_copy_fails_the_save_on_every_rank_before_latest(dist_pool, tmp_path):
+    results = dist_pool.run(_save_with_failing_script_copy, args=(str(tmp_path),))
+    for rank, failure, latest in results:
+        assert failure is not None, f"rank {rank} saw the save succeed"
+        assert "zero_to_fp32.py" in failure[1] or "rank(s) [0]" in failure[1], failure
+        assert latest == "global_step2"  # 'latest' still names the previous checkpoint

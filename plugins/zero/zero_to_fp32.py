@@ -4,10 +4,11 @@
 Under ZeRO no file holds the model: each data-parallel rank saved only its slice of the fp32
 master weights (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``), and under ZeRO-3 the model
 states file holds empty placeholders. This module rebuilds an ordinary ``state_dict`` (same keys
-and order as ``model.state_dict()``) from those slices, using the layout recorded next to them
-(``deepspeed.checkpoint.zero_layout``), so it needs torch but no process group, config or GPU.
+and order as ``model.state_dict()``) from those slices, using the layout the ZeRO plugin records
+next to them, so it needs torch but no process group, config or GPU.
 
-Saving copies this file to ``<save_dir>/zero_to_fp32.py`` so a checkpoint folder converts itself::
+A ZeRO save copies this file to ``<save_dir>/zero_to_fp32.py`` so a checkpoint folder converts
+itself, on any machine with torch (``deepspeed.zero.checkpointing.copy_zero_to_fp32``)::
 
     python zero_to_fp32.py . pytorch_model.bin                        # one file (old form)
     python zero_to_fp32.py <save_dir> <out_dir> [--safe_serialization] [--max_shard_size 5GB]
@@ -16,6 +17,13 @@ Saving copies this file to ``<save_dir>/zero_to_fp32.py`` so a checkpoint folder
 Memory: rank files are opened with ``mmap=True`` and only their fp32 partitions are touched (the
 optimizer moments are never read), one rank at a time, so the peak is about the size of the
 result plus one rank's partition: under 2x the fp32 model.
+
+Standalone: the copy must run where DeepSpeed is not installed (or is another version), so this
+file imports nothing from ``deepspeed``. The one piece of layout arithmetic it needs,
+``partition_ranges``, is therefore defined here, and ``deepspeed.zero.checkpoint_layout`` (the
+rest of the arithmetic, used while training) re-exports it from here: one definition for the
+writer and every reader. Importable as ``deepspeed.zero.zero_to_fp32`` and, as upstream
+documents it, ``deepspeed.utils.zero_to_fp32``.
 """
 import os
 import sys
@@ -23,7 +31,8 @@ import sys
 if __name__ == "__main__" and sys.path and sys.path[0] and os.path.abspath(
         sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     # Run from inside the installed package, this folder comes first on sys.path and its
-    # logging.py would shadow the standard library's; a copy in a checkpoint folder is unaffected.
+    # modules could shadow top-level ones torch imports; a copy in a checkpoint folder is
+    # unaffected.
     sys.path.pop(0)
 
 import argparse  # noqa: E402
@@ -33,10 +42,8 @@ from collections import OrderedDict  # noqa: E402
 
 import torch  # noqa: E402
 
-from deepspeed.checkpoint.zero_layout import partition_ranges  # noqa: E402
-
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
-           "convert_zero_checkpoint_to_fp32_state_dict", "LazyTensor", "main"]
+           "convert_zero_checkpoint_to_fp32_state_dict", "LazyTensor", "parse_size", "main"]
 
 LATEST = "latest"
 MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
@@ -54,6 +61,32 @@ def _log(message):
 def _load(path):
     """Memory-mapped: tensors are paged in only when read, so skipped entries cost nothing."""
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+# ------------------------------------------------------------------------- the layout
+def partition_ranges(described_group, world_size, rank):
+    """Where ``rank``'s flat partition of one optimizer param group comes from.
+
+    ``described_group`` is one group of the layout recorded in every ``*_optim_states.pt``
+    (``deepspeed.zero.partition.describe``): a list of buckets ``{"params": [names], "numels":
+    [sizes], "padded": length}``. Each bucket's ``padded`` elements are cut into ``world_size``
+    equal pieces and a rank's partition is the concatenation of its pieces over the buckets
+    (ZeRO-3: one bucket per parameter). Returns ``[(name, start, stop, partition_start)]``:
+    elements ``start:stop`` of the flattened parameter ``name`` sit at ``partition_start`` of
+    the partition. Padding belongs to no parameter and is left out."""
+    ranges, partition_offset = [], 0
+    for bucket in described_group:
+        piece = bucket["padded"] // world_size
+        lo, hi = rank * piece, (rank + 1) * piece
+        offset = 0
+        for name, numel in zip(bucket["params"], bucket["numels"]):
+            start, stop = max(offset, lo), min(offset + numel, hi)
+            if start < stop:
+                ranges.append((name, start - offset, stop - offset,
+                               partition_offset + start - lo))
+            offset += numel
+        partition_offset += piece
+    return ranges
 
 
 # ------------------------------------------------------------------------- the checkpoint

@@ -4,8 +4,10 @@
                     [--num_extract_workers N] [--num_merge_workers N] [--keep_temp_folder]
                     [--strict | --no_strict] [--inject_missing_state]
 
-(also ``python -m deepspeed.checkpoint.ds_to_universal``; ``convert(...)`` from Python.) The
-output layout is described in ``deepspeed.checkpoint.universal``.
+(also ``python -m deepspeed.checkpoint.ds_to_universal``, upstream's path, which setup.py maps
+onto this module through ``plugins/zero/upstream_paths``; ``convert(...)`` from Python.) The
+output layout is described in ``deepspeed.checkpoint.universal``. It lives in the ZeRO plugin
+because reading the source is reading ZeRO's partition files and layout.
 
 Two phases, each a process pool, so no process ever holds more than one rank file or one
 parameter's fragments:
@@ -28,14 +30,15 @@ from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import (CheckpointFormatError, atomic_torch_save,
                                          atomic_write_text, load_file)
 from deepspeed.checkpoint.layout import LATEST_FILENAME, model_states_filename, read_latest
-from deepspeed.checkpoint.zero_layout import partition_ranges
+from deepspeed.zero.checkpoint_layout import partition_ranges
+from deepspeed.zero.checkpointing import optim_states_filename
 
 OPTIM_SUFFIX = "_optim_states.pt"
 TEMP_DIRNAME = "tmp"
 
 
 def optim_file(checkpoint_dir, rank):
-    return os.path.join(checkpoint_dir, f"zero_pp_rank_{rank}_mp_rank_00{OPTIM_SUFFIX}")
+    return os.path.join(checkpoint_dir, optim_states_filename(rank))
 
 
 def _load(path):

@@ -1,5 +1,6 @@
-"""``deepspeed.utils.zero_to_fp32``: fp32 weights out of real multi-rank ZeRO checkpoints, in
-process and through the offline script, equal to the engine's own fp32 masters."""
+"""``deepspeed.zero.zero_to_fp32`` (upstream path ``deepspeed.utils.zero_to_fp32``): fp32
+weights out of real multi-rank ZeRO checkpoints, in process and through the offline script that
+every ZeRO save puts into the checkpoint folder, equal to the engine's own fp32 masters."""
 import os
 import shutil
 import subprocess
@@ -123,6 +124,22 @@ def _run_script(script, *args, cwd=None):
     return done
 
 
+# Runs argv[1] as __main__ with `deepspeed` made unimportable (a None entry in sys.modules is
+# what an uninstalled package looks like to `import` and `importlib.util.find_spec`).
+_WITHOUT_DEEPSPEED = """
+import runpy, sys
+sys.modules["deepspeed"] = None
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _script_source():
+    import deepspeed.zero.zero_to_fp32 as z2f
+
+    return z2f.__file__
+
+
 # ------------------------------------------------------------------------- in process
 @pytest.mark.parametrize("world,stage", [(2, 1), (3, 1), (2, 2), (3, 2), (2, 3), (3, 3)])
 def test_state_dict_is_the_engines_fp32_masters(saved, world, stage):
@@ -174,17 +191,38 @@ def test_zero3_frozen_shards_are_reassembled(saved):
 
 
 # ------------------------------------------------------------------------- the script
-def test_script_old_form_inside_the_checkpoint_folder(saved):
-    import deepspeed.utils.zero_to_fp32 as z2f
-
+def test_save_puts_the_script_into_the_folder_and_it_runs_without_deepspeed(saved, tmp_path):
     save_dir, masters = saved(2, 2)
     _, want = _expected(masters)
-    # what saving does: the script is copied next to 'latest'
-    shutil.copy(z2f.__file__, os.path.join(save_dir, "zero_to_fp32.py"))
-    _run_script("zero_to_fp32.py", ".", "pytorch_model.bin", cwd=save_dir)
-    got = torch.load(os.path.join(save_dir, "pytorch_model.bin"), weights_only=True)
+    script = os.path.join(save_dir, "zero_to_fp32.py")
+    assert os.access(script, os.X_OK)
+    with open(script, "rb") as copied, open(_script_source(), "rb") as source:
+        assert copied.read() == source.read()
+    # the folder moved elsewhere, converted where DeepSpeed cannot be imported (old form)
+    moved = tmp_path / "moved"
+    shutil.copytree(save_dir, moved)
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_DEEPSPEED, "zero_to_fp32.py", ".",
+                           "pytorch_model.bin"], cwd=moved, env=_script_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = torch.load(moved / "pytorch_model.bin", weights_only=True)
     _assert_equal_dicts(got, want)
     assert got["head.weight"].data_ptr() == got["embed.weight"].data_ptr()
+
+
+def test_upstream_paths_are_the_plugin_module():
+    """``deepspeed.utils.zero_to_fp32`` re-exports the plugin's module; the layout arithmetic
+    of the plugin and of the script is one function."""
+    import deepspeed.utils.zero_to_fp32 as upstream
+    import deepspeed.zero.zero_to_fp32 as z2f
+    from deepspeed.zero import checkpoint_layout
+
+    for name in upstream.__all__:
+        assert getattr(upstream, name) is getattr(z2f, name), name
+    assert checkpoint_layout.partition_ranges is z2f.partition_ranges
+    done = subprocess.run([sys.executable, "-m", "deepspeed.utils.zero_to_fp32", "--help"],
+                          env=_script_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "zero_to_fp32.py" in done.stdout, done.stderr
 
 
 def test_script_new_form_sharded_safetensors(saved, tmp_path):
@@ -192,14 +230,12 @@ def test_script_new_form_sharded_safetensors(saved, tmp_path):
 
     from safetensors.torch import load_file
 
-    import deepspeed.utils.zero_to_fp32 as z2f
-
     save_dir, masters = saved(3, 3)
     _, want = _expected(masters)
     out = tmp_path / "hf"
-    # run from the installed package folder: its logging.py must not shadow the stdlib's
-    _run_script(z2f.__file__, save_dir, str(out), "--safe_serialization", "-t", "global_step2",
-                "--max_shard_size", "1KB")
+    # run from the installed package folder: its modules must not shadow top-level ones
+    _run_script(_script_source(), save_dir, str(out), "--safe_serialization", "-t",
+                "global_step2", "--max_shard_size", "1KB")
     index = json.loads((out / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
@@ -210,7 +246,7 @@ def test_script_new_form_sharded_safetensors(saved, tmp_path):
     assert set(index["weight_map"]) == set(want)
     _assert_equal_dicts({k: got[k] for k in want}, want)
 
-    _run_script(z2f.__file__, save_dir, str(tmp_path / "one"), "--safe_serialization")
+    _run_script(_script_source(), save_dir, str(tmp_path / "one"), "--safe_serialization")
     assert os.listdir(tmp_path / "one") == ["model.safetensors"]
     whole = load_file(str(tmp_path / "one" / "model.safetensors"))
     _assert_equal_dicts({k: whole[k] for k in want}, want)

@@ -1,38 +1,29 @@
 """Where each element of a ZeRO checkpoint's flat partitions belongs: plain arithmetic over the
-layout that ``deepspeed.zero`` records in every ``*_optim_states.pt`` file.
+layout that ``deepspeed.zero.partition.describe`` records in every ``*_optim_states.pt`` file.
 
 A described layout is, per optimizer param group, a list of buckets ``{"params": [names],
 "numels": [sizes], "padded": length}``; each bucket's ``padded`` elements are cut into ``N``
 equal pieces and rank ``r``'s partition of the group is the concatenation of its pieces over
-the buckets (ZeRO-3: one bucket per parameter). This module needs only torch, so offline tools
-(``zero_to_fp32``, ``ds_to_universal``) read checkpoints without the ZeRO plugin or a process
-group.
+the buckets (ZeRO-3: one bucket per parameter). Re-cutting a checkpoint for another world size
+or bucket size (``checkpointing.reshape``), loading a universal checkpoint (``universal``) and
+converting to one (``ds_to_universal``) all go through these functions.
+
+``partition_ranges`` is defined in ``zero_to_fp32``, the offline script that is copied into
+every ZeRO checkpoint and must run without DeepSpeed, and re-exported here so that the files'
+writer and all their readers share one definition. Needs only torch: no process group, config
+or ZeRO optimizer.
 """
 from typing import Dict
 
 import torch
 
+from deepspeed.zero.zero_to_fp32 import partition_ranges
 
-def partition_ranges(described_group, world_size, rank):
-    """For one described group: ``[(name, start, stop, partition_start)]`` saying that elements
-    ``start:stop`` of the flattened parameter ``name`` sit at ``partition_start`` of ``rank``'s
-    partition. Padding belongs to no parameter and is left out."""
-    ranges, partition_offset = [], 0
-    for bucket in described_group:
-        piece = bucket["padded"] // world_size
-        lo, hi = rank * piece, (rank + 1) * piece
-        offset = 0
-        for name, numel in zip(bucket["params"], bucket["numels"]):
-            start, stop = max(offset, lo), min(offset + numel, hi)
-            if start < stop:
-                ranges.append((name, start - offset, stop - offset,
-                               partition_offset + start - lo))
-            offset += numel
-        partition_offset += piece
-    return ranges
+__all__ = ["partition_ranges", "partition_numel", "assemble", "split"]
 
 
 def partition_numel(described_group, world_size):
+    """Elements of one rank's partition of one described group (padding included)."""
     return sum(b["padded"] // world_size for b in described_group)
 
 
