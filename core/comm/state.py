@@ -2,11 +2,16 @@
 
 torch.distributed does not expose a group's timeout publicly, yet a timeout error is only
 actionable when it states the limit that was hit, so the value given to `init_distributed` and
-`new_group` is kept here.
+`new_group` is kept here. The settings of the communication logger (`CommsLoggerSettings`) are
+defined here too, once, for `deepspeed.comm.configure` and the comms-logging plugin alike.
 """
 import threading
 from datetime import timedelta
-from typing import Optional
+from typing import Any, List, Mapping, Optional
+
+from pydantic import Field, ValidationError, field_validator
+
+from deepspeed.config.model import DeepSpeedConfigModel
 
 _lock = threading.Lock()
 _default_timeout: Optional[timedelta] = None
@@ -51,3 +56,51 @@ def reset():
     with _lock:
         _default_timeout, _origin = None, None
         _group_timeouts.clear()
+
+
+# --------------------------------------------------------------------------- comms_logger settings
+_PROF_OPS_HINT = "must be a list of op names such as ['all_reduce', 'all_gather']"
+
+
+class CommsLoggerSettings(DeepSpeedConfigModel):
+    """The ``comms_logger`` settings, defined once: ``deepspeed.comm.configure()`` keeps the live
+    process-wide settings in one (no plugin needed), and the comms-logging plugin validates an
+    engine config's ``comms_logger`` section with this same model. Defaults are the documented
+    ones: off, quiet, every op profiled, no caller names."""
+
+    enabled: bool = False
+    verbose: bool = False  # print one line per logged op as it completes
+    prof_all: bool = True  # log every op; when false only `prof_ops` (and calls with prof=True)
+    prof_ops: List[str] = Field(default_factory=list)  # op names, e.g. ["all_reduce"]
+    debug: bool = False  # append "| [Caller Func: <fn>]" to each op's name
+
+    @field_validator("enabled", "verbose", "prof_all", "debug", mode="before")
+    @classmethod
+    def _true_or_false(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValueError("must be true or false")
+        return value
+
+    @field_validator("prof_ops", mode="before")
+    @classmethod
+    def _op_names(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) \
+                or not all(isinstance(v, str) for v in value):
+            raise ValueError(_PROF_OPS_HINT)
+        return list(value)
+
+    def update(self, values: Mapping[str, Any], where: str = "") -> None:
+        """Set ``values`` in place, each validated, so that a logger holding these settings sees
+        the change at once. Unknown keys and bad values raise ValueError naming ``where`` + key."""
+        allowed = list(type(self).model_fields)
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown} in comms_logger; allowed: {allowed}")
+        for key, value in values.items():
+            try:
+                setattr(self, key, value)
+            except ValidationError as exc:
+                message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"{where}{key} {message}, got {value!r}") from None

@@ -1,8 +1,8 @@
 """`DeepSpeedConfig`: the validated, resolved config one engine runs with.
 
 It joins the pieces of this package: load the source, validate core and plugin sections, resolve
-the batch triangle for the data-parallel world size, and offer the read-only conveniences the
-engine and plugins ask for (`fp16_enabled`, `optimizer_name`, `zero_optimization_stage`, ...).
+the batch triangle for the data-parallel world size, and answer upstream's attribute names
+(`fp16_enabled`, `optimizer_name`, ...: `UPSTREAM_ATTRIBUTES`) that integrations read.
 """
 import os
 from typing import Any, Dict, Mapping, Optional
@@ -54,6 +54,36 @@ def installed_sections() -> Dict[str, Any]:
 
 
 MONITOR_SECTIONS = ("tensorboard", "wandb", "csv_monitor", "comet")
+
+# Upstream's ``DeepSpeedConfig`` attributes that are plain core values -> the core field (dotted)
+# that holds each. Integrations and user code read these names on ``engine.config``; anything not
+# listed is read as ``config.core.<field>``.
+UPSTREAM_ATTRIBUTES = {
+    "fp16_enabled": "fp16.enabled",
+    "fp16_auto_cast": "fp16.auto_cast",
+    "fp16_master_weights_and_grads": "fp16.fp16_master_weights_and_grads",
+    "loss_scale": "fp16.loss_scale",
+    "bfloat16_enabled": "bf16.enabled",
+    "bfloat16_immediate_grad_update": "bf16.immediate_grad_update",
+    "amp_enabled": "amp.enabled",
+    "communication_data_type": "communication_data_type",
+    "grad_accum_dtype": "data_types.grad_accum_dtype",
+    "gradient_clipping": "gradient_clipping",
+    "prescale_gradients": "prescale_gradients",
+    "gradient_predivide_factor": "gradient_predivide_factor",
+    "sparse_gradients_enabled": "sparse_gradients",
+    "steps_per_print": "steps_per_print",
+    "wall_clock_breakdown": "wall_clock_breakdown",
+    "memory_breakdown": "memory_breakdown",
+    "dump_state": "dump_state",
+    "dataloader_drop_last": "dataloader_drop_last",
+    "zero_allow_untested_optimizer": "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer": "zero_force_ds_cpu_optimizer",
+    "load_universal_checkpoint": "checkpoint.load_universal",
+    "use_node_local_storage": "checkpoint.use_node_local_storage",
+    "checkpoint_parallel_write_pipeline": "checkpoint.parallel_write.pipeline_stage",
+    "activation_checkpointing_config": "activation_checkpointing",
+}
 
 
 class DeepSpeedConfig:
@@ -146,27 +176,22 @@ class DeepSpeedConfig:
                 f"micro={self.train_micro_batch_size_per_gpu}, gas={self.gradient_accumulation_steps}, "
                 f"sections={sorted(self._plugins)})")
 
-    # -- precision --------------------------------------------------------------------------
-    @property
-    def fp16_enabled(self) -> bool:
-        return self.core.fp16.enabled
+    # -- upstream's attribute names ---------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """Upstream's plain-value attributes (``fp16_enabled``, ``gradient_clipping``, ...), read
+        from the core section through ``UPSTREAM_ATTRIBUTES``; other values: ``config.core``."""
+        path = UPSTREAM_ATTRIBUTES.get(name)
+        if path is None or "core" not in self.__dict__:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        value = self.core
+        for part in path.split("."):
+            value = getattr(value, part)
+        return value
 
-    @property
-    def fp16_auto_cast(self) -> bool:
-        return self.core.fp16.auto_cast
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(UPSTREAM_ATTRIBUTES))
 
-    @property
-    def fp16_master_weights_and_grads(self) -> bool:
-        return self.core.fp16.fp16_master_weights_and_grads
-
-    @property
-    def loss_scale(self) -> float:
-        return self.core.fp16.loss_scale
-
-    @property
-    def dynamic_loss_scale(self) -> bool:
-        return self.core.fp16.dynamic_loss_scale
-
+    # upstream's attributes that are computed from the core values
     @property
     def initial_dynamic_scale(self) -> float:
         return float(2 ** self.core.fp16.initial_scale_power)
@@ -179,70 +204,9 @@ class DeepSpeedConfig:
                 "min_scale": fp16.min_loss_scale}
 
     @property
-    def bfloat16_enabled(self) -> bool:
-        return self.core.bf16.enabled
-
-    bf16_enabled = bfloat16_enabled
-
-    @property
-    def bf16_immediate_grad_update(self) -> bool:
-        return self.core.bf16.immediate_grad_update
-
-    @property
-    def amp_enabled(self) -> bool:
-        return self.core.amp.enabled
-
-    @property
     def amp_params(self) -> Dict[str, Any]:
         return self.core.amp.apex_params()
 
-    @property
-    def communication_data_type(self) -> Optional[str]:
-        """'fp16', 'bf16', 'fp32' or None (= reduce in the training dtype)."""
-        return self.core.communication_data_type
-
-    @property
-    def grad_accum_dtype(self) -> Optional[str]:
-        return self.core.data_types.grad_accum_dtype
-
-    # -- gradients and logging --------------------------------------------------------------
-    @property
-    def gradient_clipping(self) -> float:
-        return self.core.gradient_clipping
-
-    @property
-    def prescale_gradients(self) -> bool:
-        return self.core.prescale_gradients
-
-    @property
-    def gradient_predivide_factor(self) -> float:
-        return self.core.gradient_predivide_factor
-
-    @property
-    def sparse_gradients_enabled(self) -> bool:
-        return self.core.sparse_gradients
-
-    @property
-    def steps_per_print(self) -> Optional[int]:
-        return self.core.steps_per_print
-
-    @property
-    def wall_clock_breakdown(self) -> bool:
-        return self.core.wall_clock_breakdown
-
-    @property
-    def memory_breakdown(self) -> bool:
-        return self.core.memory_breakdown
-
-    @property
-    def dump_state(self) -> bool:
-        return self.core.dump_state
-
-    @property
-    def dataloader_drop_last(self) -> bool:
-        return self.core.dataloader_drop_last
-
-    # -- optimizer and scheduler ------------------------------------------------------------
     @property
     def optimizer_name(self) -> Optional[str]:
         """The `optimizer.type` exactly as written (case is the optimizer factory's business)."""
@@ -266,34 +230,6 @@ class DeepSpeedConfig:
         the Monitor tutorial)."""
         return {key: self.raw[key] for key in MONITOR_SECTIONS if key in self.raw}
 
-    @property
-    def zero_allow_untested_optimizer(self) -> bool:
-        return self.core.zero_allow_untested_optimizer
-
-    @property
-    def zero_force_ds_cpu_optimizer(self) -> bool:
-        return self.core.zero_force_ds_cpu_optimizer
-
-    # -- ZeRO (owned by a plugin; read defensively so the core works without it) -------------
-    @property
-    def zero_optimization_stage(self) -> int:
-        section = self._plugins.get("zero_optimization")
-        stage = getattr(section, "stage", None) if section is not None else None
-        if stage is not None:
-            return int(getattr(stage, "value", stage))
-        raw = self.raw.get("zero_optimization")
-        if raw is None:
-            return 0
-        if isinstance(raw, bool):  # legacy `"zero_optimization": true` meant stage 1
-            return int(raw)
-        if isinstance(raw, Mapping):
-            return int(raw.get("stage", 0))
-        raise DeepSpeedConfigError(f"zero_optimization: expected an object, got {raw!r}", source=self.source)
-
-    @property
-    def zero_enabled(self) -> bool:
-        return self.zero_optimization_stage > 0
-
     # -- checkpoints ------------------------------------------------------------------------
     @property
     def checkpoint_tag_validation_enabled(self) -> bool:
@@ -302,19 +238,3 @@ class DeepSpeedConfig:
     @property
     def checkpoint_tag_validation_fail(self) -> bool:
         return self.core.checkpoint.tag_validation == "Fail"
-
-    @property
-    def load_universal_checkpoint(self) -> bool:
-        return self.core.checkpoint.load_universal
-
-    @property
-    def use_node_local_storage(self) -> bool:
-        return self.core.checkpoint.use_node_local_storage
-
-    @property
-    def checkpoint_parallel_write_pipeline(self) -> bool:
-        return self.core.checkpoint.parallel_write.pipeline_stage
-
-    @property
-    def activation_checkpointing_config(self):
-        return self.core.activation_checkpointing

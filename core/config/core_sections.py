@@ -29,6 +29,12 @@ class FP16Config(DeepSpeedConfigModel):
     min_loss_scale: float = Field(1.0, gt=0)
     fp16_master_weights_and_grads: bool = False
 
+    without_effect = {
+        "fp16_master_weights_and_grads":
+            "the optimizer always steps fp32 master weights with fp32 gradients; keeping them in "
+            "fp16 (upstream's ZeRO-Offload memory saving) is not implemented",
+    }
+
     @property
     def dynamic_loss_scale(self) -> bool:
         return self.loss_scale == 0
@@ -39,6 +45,13 @@ class BF16Config(DeepSpeedConfigModel):
 
     enabled: bool = False
     immediate_grad_update: bool = False
+
+    without_effect = {
+        "immediate_grad_update":
+            "bf16 gradients reach the accumulation buffer (data_types.grad_accum_dtype) after each "
+            "backward; moving them one parameter at a time during backward, upstream's "
+            "memory/overlap optimisation, is not implemented",
+    }
 
 
 class AmpConfig(DeepSpeedConfigModel):
@@ -125,6 +138,14 @@ class DataStatesConfig(DeepSpeedConfigModel):
 
     host_cache_size: float = Field(16, gt=0, description="GB of pinned host memory for flushing")
 
+    without_effect = {
+        "host_cache_size": "the built-in asynchronous engine that serves datastates_ckpt snapshots "
+                           "the state to host memory as a whole, without a cache of fixed size",
+    }
+
+
+_NEBULA = "Nebula is not integrated; the built-in asynchronous checkpoint engine that serves it "
+
 
 class NebulaConfig(DeepSpeedConfigModel):
     """`nebula`: Azure Nebula asynchronous checkpointing. When enabled without the external
@@ -137,6 +158,14 @@ class NebulaConfig(DeepSpeedConfigModel):
     enable_nebula_load: bool = True
     load_path: Optional[str] = None
 
+    without_effect = {
+        "persistent_storage_path": _NEBULA + "writes to save_checkpoint's directory",
+        "persistent_time_interval": _NEBULA + "persists every checkpoint it is asked to save",
+        "num_of_version_in_retention": _NEBULA + "deletes no checkpoint versions",
+        "enable_nebula_load": _NEBULA + "loads what load_checkpoint names, from disk",
+        "load_path": _NEBULA + "loads from load_checkpoint's directory",
+    }
+
 
 class CheckpointConfig(DeepSpeedConfigModel):
     """`checkpoint`: how checkpoints are validated, written and loaded."""
@@ -146,6 +175,11 @@ class CheckpointConfig(DeepSpeedConfigModel):
     use_node_local_storage: bool = False
     parallel_write: ParallelWriteConfig = Field(default_factory=ParallelWriteConfig)
     checkpoint_engine: CheckpointEngineConfig = Field(default_factory=CheckpointEngineConfig)
+
+    without_effect = {
+        "parallel_write.pipeline_stage": "no pipeline-parallel engine in this build writes "
+                                         "checkpoints per stage",
+    }
 
     @field_validator("tag_validation", mode="before")
     @classmethod

@@ -18,7 +18,7 @@ import typing
 import warnings
 from collections.abc import Mapping, MutableMapping, Sequence
 from enum import Enum
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -139,6 +139,10 @@ class DeepSpeedConfigModel(BaseModel):
         protected_namespaces=(),
         use_enum_values=False,
     )
+
+    # documented keys accepted but without effect in this implementation: {key path: why};
+    # validate_config warns once per process for each one a config sets (see without_effect.py)
+    without_effect: ClassVar[Dict[str, str]] = {}
 
     # -- introspection used by the validator, the "auto" scan and typo suggestions ----------
     @classmethod

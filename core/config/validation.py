@@ -2,7 +2,8 @@
 
 All problems found in one pass (unknown keys, leftover "auto", type errors in any section) are
 reported together in one `DeepSpeedConfigError`, each with its full key path, so that a user fixes
-a config in one round trip.
+a config in one round trip. Documented keys that are accepted but have no effect here are reported
+once per process, as a warning (see without_effect.py).
 """
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -13,6 +14,7 @@ from deepspeed.config.errors import DeepSpeedConfigError, format_path, unknown_k
 from deepspeed.config.feature_sections import FEATURE_SECTIONS, missing_plugin_problem
 from deepspeed.config.model import (AUTO, DeepSpeedConfigModel, accepts_auto, annotation_has_auto,
                                     container_item_annotation, is_union, model_classes_in)
+from deepspeed.config.without_effect import warn_without_effect
 
 AUTO_NOTE = ('"auto" is only a placeholder: integrations such as the Hugging Face Trainer / '
              'Accelerate (HfDeepSpeedConfig) replace it with real values before DeepSpeed sees the '
@@ -177,5 +179,9 @@ def validate_config(raw: Dict[str, Any], sections: Dict[str, Any],
                for key, value in plugin_data.items()}
     if problems:
         raise DeepSpeedConfigError(problems, source=source, note=AUTO_NOTE if autos else None)
+    warn_without_effect(core)
+    for key, section in plugins.items():
+        if isinstance(section, DeepSpeedConfigModel):
+            warn_without_effect(section, key)
     return core, plugins
 

@@ -83,7 +83,7 @@ class DynamicLossScaler(LossScaler):
 
 def loss_scaler_from_config(config):
     """The scaler the ``fp16`` section asks for (``loss_scale`` 0 = dynamic)."""
-    if config.dynamic_loss_scale:
+    if config.loss_scale == 0:
         args = config.dynamic_loss_scale_args
         return DynamicLossScaler(init_scale=args["init_scale"], scale_window=args["scale_window"],
                                  min_scale=args["min_scale"], delayed_shift=args["delayed_shift"],

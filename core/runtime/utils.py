@@ -1,4 +1,5 @@
 """`deepspeed.runtime.utils`, the path user scripts (Accelerate's ALST example) import from."""
 from deepspeed.utils.nested import move_to_device
+from deepspeed.utils.reports import see_memory_usage
 
-__all__ = ["move_to_device"]
+__all__ = ["move_to_device", "see_memory_usage"]

@@ -127,6 +127,15 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     pipeline_loading_checkpoint: bool = False
     override_module_apply: bool = True
 
+    # keys that only tune how upstream's CUDA implementation copies or initialises, with nothing
+    # to tune in this one: the core warns once, so nobody measures a difference that cannot be there
+    without_effect = {
+        "round_robin_gradients": "gradients already reach each rank's partition by one "
+                                 "reduce-scatter per bucket",
+        "offload_optimizer.fast_init": "NVMe optimizer state is written once, directly, at "
+                                       "initialisation",
+    }
+
     # -- input normalisation --------------------------------------------------------------------
     @model_validator(mode="before")
     @classmethod

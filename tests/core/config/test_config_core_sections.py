@@ -23,7 +23,7 @@ def test_documented_defaults():
             fp16.loss_scale_window, fp16.hysteresis, fp16.consecutive_hysteresis,
             fp16.min_loss_scale, fp16.fp16_master_weights_and_grads) == (
         False, False, 0, 16, 1000, 2, False, 1, False)
-    assert config.dynamic_loss_scale and config.initial_dynamic_scale == 2.0 ** 16
+    assert config.core.fp16.dynamic_loss_scale and config.initial_dynamic_scale == 2.0 ** 16
     assert config.gradient_clipping == 0.0  # docs silent; 0 = no clipping (see core_sections.py)
     assert config.steps_per_print == 10
     assert not config.wall_clock_breakdown and not config.dump_state and not config.memory_breakdown
@@ -37,7 +37,6 @@ def test_documented_defaults():
     assert not config.checkpoint_parallel_write_pipeline
     assert config.grad_accum_dtype is None and not config.dataloader_drop_last
     assert config.activation_checkpointing_config.number_checkpoints is None
-    assert config.zero_optimization_stage == 0 and not config.zero_enabled
 
 
 def test_fp16_loss_scaler_args():
@@ -46,7 +45,7 @@ def test_fp16_loss_scaler_args():
     assert config.fp16_enabled
     assert config.dynamic_loss_scale_args == {"init_scale": 256.0, "scale_window": 3, "delayed_shift": 2,
                                               "consecutive_hysteresis": False, "min_scale": 0.5}
-    assert not build(fp16={"enabled": True, "loss_scale": 128}).dynamic_loss_scale
+    assert not build(fp16={"enabled": True, "loss_scale": 128}).core.fp16.dynamic_loss_scale
 
 
 @pytest.mark.parametrize("given, resolved", [("fp16", "fp16"), ("fp32", "fp32"), ("bf16", "bf16"),
@@ -64,7 +63,7 @@ def test_communication_data_type_invalid():
 def test_bfloat16_is_the_old_name_of_bf16():
     with pytest.warns(ConfigDeprecationWarning, match="'bfloat16' is deprecated; use 'bf16'"):
         config = build(bfloat16={"enabled": True, "immediate_grad_update": True})
-    assert config.bfloat16_enabled and config.bf16_immediate_grad_update
+    assert config.bfloat16_enabled and config.bfloat16_immediate_grad_update
     assert config.has_section("bf16") and config.section("bfloat16") is config.section("bf16")
     assert "bfloat16" not in config.to_dict() and config.to_dict()["bf16"]["enabled"] is True
 

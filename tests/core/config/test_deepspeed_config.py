@@ -109,7 +109,7 @@ def test_plugin_section_is_validated_and_returned():
     assert isinstance(zero, ZeroSection)
     assert zero.prefetch_bucket_size == 1_000_000 and zero.offload_optimizer.device == "cpu"
     assert config.has_section("zero_optimization")
-    assert config.zero_optimization_stage == 2 and config.zero_enabled
+    assert zero.stage == 2
     assert config.to_dict()["zero_optimization"]["prefetch_bucket_size"] == 1_000_000
 
 
@@ -118,7 +118,6 @@ def test_registered_but_omitted_plugin_section_is_none():
     assert config.section("zero_optimization") is None
     assert not config.has_section("zero_optimization")
     assert "zero_optimization" not in config.to_dict()
-    assert config.zero_optimization_stage == 0
 
 
 def test_plugin_section_errors_are_path_named():
@@ -189,15 +188,6 @@ def test_section_lookup_of_unknown_key():
         config.section("nonsense")
 
 
-def test_zero_stage_read_from_raw_when_the_section_has_no_stage():
-    config = DeepSpeedConfig({"train_batch_size": 8, "zero_optimization": {"stage": 3}},
-                             sections={"zero_optimization": PermissiveSection}, world_size=1)
-    assert config.zero_optimization_stage == 3
-    legacy = DeepSpeedConfig({"train_batch_size": 8, "zero_optimization": True},
-                             sections={"zero_optimization": Union[bool, PermissiveSection]}, world_size=1)
-    assert legacy.zero_optimization_stage == 1
-
-
 # -- leftover "auto" -------------------------------------------------------------------------------
 def test_leftover_auto_paths_are_all_named():
     with pytest.raises(DeepSpeedConfigError) as info:
@@ -233,7 +223,7 @@ def test_hf_doc_config_after_filling_auto_validates():
     config = DeepSpeedConfig(raw, sections=ZERO_PERMISSIVE, world_size=2)
     assert (config.train_batch_size, config.train_micro_batch_size_per_gpu,
             config.gradient_accumulation_steps) == (24, 4, 3)
-    assert config.zero_optimization_stage == 3 and config.steps_per_print == 2000
+    assert config.section("zero_optimization").stage == 3 and config.steps_per_print == 2000
     resolved = config.to_dict()
     assert '"auto"' not in json.dumps(resolved)
     assert resolved["zero_optimization"]["stage3_prefetch_bucket_size"] == 230

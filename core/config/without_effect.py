@@ -1,0 +1,70 @@
+"""Documented keys this implementation accepts but does nothing with, and the one warning about them.
+
+A config written for upstream DeepSpeed has to load here unchanged, so such keys are accepted;
+ignoring them silently would let a user believe, say, that their fp16 masters halve the memory.
+Every section model (core or plugin) lists its own in the class attribute ``without_effect``
+(``{key path: why it has no effect}``; a path may reach into a nested section,
+``"offload_optimizer.fast_init"``), and ``warn_without_effect`` says so once per key per process
+when a config sets one to anything but its default. ``validate_config`` calls it for the core keys
+and for every plugin section, so plugins only fill in their table.
+"""
+import threading
+from typing import Any, List, Optional, Tuple
+
+_lock = threading.Lock()
+_warned = set()  # full key paths already reported by this process
+
+_MISSING = object()
+
+
+def _leaf(model, path: str) -> Tuple[Any, Any]:
+    """(value, default) of the dotted `path` below `model`; value is _MISSING when a section
+    on the way is absent (an omitted optional section sets nothing)."""
+    *parents, name = path.split(".")
+    for part in parents:
+        model = getattr(model, part, None)
+        if model is None:
+            return _MISSING, None
+    info = type(model).model_fields.get(name)
+    if info is None:
+        raise KeyError(f"{type(model).__name__}.without_effect names '{path}', which is no field")
+    return getattr(model, name), info.get_default(call_default_factory=True)
+
+
+def keys_without_effect(model, prefix: str = "") -> List[Tuple[str, str]]:
+    """(full key path, reason) for every listed key `model` (and the sections inside it) sets to
+    a value other than its default."""
+    from deepspeed.config.model import DeepSpeedConfigModel
+
+    found = []
+    for path, reason in getattr(type(model), "without_effect", {}).items():
+        value, default = _leaf(model, path)
+        if value is not _MISSING and value != default:
+            found.append((f"{prefix}.{path}" if prefix else path, reason))
+    for name in type(model).model_fields:
+        sub = getattr(model, name, None)
+        if isinstance(sub, DeepSpeedConfigModel):
+            found.extend(keys_without_effect(sub, f"{prefix}.{name}" if prefix else name))
+    return found
+
+
+def warn_without_effect(model, prefix: Optional[str] = "") -> List[str]:
+    """Warn (``logger.warning``) once per process for each key of `model` that is set but has no
+    effect here, naming the key path and why. Returns the paths warned about now."""
+    from deepspeed.utils.logging import logger  # lazily: deepspeed.utils sits above the config
+
+    warned_now = []
+    for path, reason in keys_without_effect(model, prefix or ""):
+        with _lock:
+            if path in _warned:
+                continue
+            _warned.add(path)
+        logger.warning(f"{path} has no effect here: {reason}")
+        warned_now.append(path)
+    return warned_now
+
+
+def reset_without_effect_warnings() -> None:
+    """Forget what was already reported (tests that check the warning)."""
+    with _lock:
+        _warned.clear()
