@@ -6,20 +6,19 @@ import sys
 import pytest
 import torch
 
+from tiny_models import mlp, regression_data
+
 STEPS, MICRO, WORLD = 3, 2, 2
 GAS = 2
 GLOBAL = MICRO * GAS * WORLD
 
 
 def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    return mlp(8, 16, 4)
 
 
 def make_data(gas=GAS):
-    g = torch.Generator().manual_seed(1)
-    n = STEPS * MICRO * gas * WORLD
-    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+    return regression_data(STEPS * MICRO * gas * WORLD, 8, 4)
 
 
 def reference_params(gas):

@@ -19,6 +19,8 @@ from collections import OrderedDict
 import pytest
 import torch
 
+from tiny_models import mlp, regression_data
+
 BASE = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": None,
         "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}
 
@@ -30,10 +32,8 @@ def config_with(engine_choice):
 def make_engine(config, seed=0):
     import deepspeed
 
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2),
-                                torch.nn.Linear(16, 4))
-    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine, *_ = deepspeed.initialize(model=mlp(8, 16, 4, dropout=0.2, seed=seed),
+                                      config=config)
     return engine
 
 
@@ -42,8 +42,7 @@ def train(engine, steps):
 
     losses = []
     for step in steps:
-        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
-        x, y = torch.randn(2, 8, generator=g), torch.randn(2, 4, generator=g)
+        x, y = regression_data(2, 8, 4, seed=100 * step + dist.get_rank())
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from deepspeed import hookimpl
+from tiny_models import mlp, regression_data
 
 TOTAL, SAVE_AT = 6, 3
 CONFIG = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": None,
@@ -19,9 +20,7 @@ CONFIG = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": None,
 
 
 def make_model(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
-                               torch.nn.Linear(16, 4))
+    return mlp(8, 16, 4, dropout=0.3, seed=seed)
 
 
 def warmup(optimizer):
@@ -37,8 +36,7 @@ def make_engine(seed, config=None):
 
 
 def batch(step, rank):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(2, 8, generator=g), torch.randn(2, 4, generator=g)
+    return regression_data(2, 8, 4, seed=1000 * step + rank)
 
 
 def train(engine, steps):

@@ -122,9 +122,93 @@ def test_amsgrad_is_refused(cls):
         cls(_params(), amsgrad=True)
 
 
-def test_cpu_optimizers_accept_and_ignore_amsgrad():
-    DeepSpeedCPUAdam(_params(), amsgrad=True)
-    DeepSpeedCPUAdagrad(_params(), amsgrad=True)
+# AMSGrad matters when gradients shrink: after large gradients the running max of the second
+# moment stays large while exp_avg_sq decays, so AMSGrad's later steps are smaller than Adam's.
+# beta2 = 0.9 lets exp_avg_sq decay within the ten small steps (at 0.999 the two differ by
+# ~1e-4 only); then every element ends > 1e-2 away from plain Adam's.
+AMSGRAD_GRADS = [10.0] * 3 + [0.01] * 10
+BETAS = (0.9, 0.9)
+
+
+def _amsgrad_run(make, shrinking=AMSGRAD_GRADS):
+    params = _params()
+    opt = make(params)
+    g = torch.Generator().manual_seed(7)
+    for scale in shrinking:
+        for p in params:
+            p.grad = scale * (1 + torch.rand(p.shape, generator=g))  # same sign, varying size
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+def _everywhere_apart(got, want, by=1e-3):
+    """Every element differs by more than ``by`` (100x the tolerance of ``_assert_all_close``)."""
+    return all((a - b).abs().min() > by for a, b in zip(got, want))
+
+
+def _assert_all_close(got, want):
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_amsgrad_gradient_sequence_tells_amsgrad_from_adam():
+    """The premise of the tests below: on this sequence torch's AMSGrad visibly differs."""
+    adam = _amsgrad_run(lambda ps: torch.optim.Adam(ps, lr=0.01, betas=BETAS))
+    amsgrad = _amsgrad_run(lambda ps: torch.optim.Adam(ps, lr=0.01, betas=BETAS, amsgrad=True))
+    assert _everywhere_apart(adam, amsgrad)
+
+
+@pytest.mark.parametrize("adamw_mode, torch_cls", [(False, torch.optim.Adam),
+                                                   (True, torch.optim.AdamW)])
+def test_cpu_adam_ignores_amsgrad(adamw_mode, torch_cls):
+    """``amsgrad=True`` is accepted and ignored, as upstream: the steps are plain Adam(W) (bit
+    for bit the ``amsgrad=False`` ones, equal to torch's non-AMSGrad optimizer), not torch's
+    AMSGrad, even where AMSGrad would change them."""
+    kwargs = dict(lr=0.01, betas=BETAS, weight_decay=0.1)
+    made = _amsgrad_run(lambda ps: DeepSpeedCPUAdam(ps, adamw_mode=adamw_mode, amsgrad=True,
+                                                    **kwargs))
+    plain = _amsgrad_run(lambda ps: DeepSpeedCPUAdam(ps, adamw_mode=adamw_mode, **kwargs))
+    for a, b in zip(made, plain):
+        assert torch.equal(a, b)
+    _assert_all_close(made, _amsgrad_run(lambda ps: torch_cls(ps, **kwargs)))
+    amsgrad = _amsgrad_run(lambda ps: torch_cls(ps, amsgrad=True, **kwargs))
+    assert _everywhere_apart(made, amsgrad)
+
+
+def test_cpu_adagrad_ignores_amsgrad():
+    """Adagrad has no AMSGrad variant: the flag is accepted (upstream's signature) and changes
+    nothing, on the sequence where it would change Adam."""
+    made = _amsgrad_run(lambda ps: DeepSpeedCPUAdagrad(ps, lr=0.1, amsgrad=True))
+    plain = _amsgrad_run(lambda ps: DeepSpeedCPUAdagrad(ps, lr=0.1))
+    for a, b in zip(made, plain):
+        assert torch.equal(a, b)
+    _assert_all_close(made, _amsgrad_run(lambda ps: torch.optim.Adagrad(ps, lr=0.1)))
+
+
+@pytest.mark.parametrize("type_, adam_w_mode, torch_cls", [
+    ("Adam", False, torch.optim.Adam), ("Adam", True, torch.optim.AdamW),
+    ("AdamW", True, torch.optim.AdamW)])
+def test_config_torch_adam_passes_amsgrad_through(type_, adam_w_mode, torch_cls):
+    """``torch_adam: true`` builds torch's optimizer, which does implement AMSGrad: a config's
+    ``amsgrad: true`` reaches it and the steps are torch's AMSGrad steps, not Adam's."""
+    from deepspeed.config import DeepSpeedConfig
+    from deepspeed.optimizers import build_optimizer
+
+    def make(ps):
+        params = {"lr": 0.01, "betas": list(BETAS), "weight_decay": 0.1, "torch_adam": True,
+                  "adam_w_mode": adam_w_mode, "amsgrad": True}
+        config = DeepSpeedConfig({"train_batch_size": 1,
+                                  "optimizer": {"type": type_, "params": params}}, world_size=1)
+        opt = build_optimizer(None, config, ps)
+        assert type(opt) is torch_cls and opt.param_groups[0]["amsgrad"] is True
+        return opt
+
+    made = _amsgrad_run(make)
+    kwargs = dict(lr=0.01, betas=BETAS, weight_decay=0.1)
+    want = _amsgrad_run(lambda ps: torch_cls(ps, amsgrad=True, **kwargs))
+    for a, b in zip(made, want):
+        assert torch.equal(a, b)
+    assert _everywhere_apart(made, _amsgrad_run(lambda ps: torch_cls(ps, **kwargs)))
 
 
 @pytest.mark.parametrize("arg", ["grads", "output_params", "scale", "grad_norms"])

@@ -7,6 +7,7 @@ from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 from deepspeed.ops.lamb import FusedLamb
 from deepspeed.ops.lion import DeepSpeedCPULion
+from tiny_models import mlp, regression_data
 
 STEPS, GAS, MICRO, WORLD = 3, 2, 2, 2
 GLOBAL = MICRO * GAS * WORLD
@@ -30,13 +31,11 @@ CASES = [
 
 
 def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return mlp(8, 16, 4, activation=torch.nn.Tanh)
 
 
 def make_data():
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(STEPS * GLOBAL, 8, generator=g), torch.randn(STEPS * GLOBAL, 4, generator=g)
+    return regression_data(STEPS * GLOBAL, 8, 4)
 
 
 def param_groups(model, grouped):

@@ -4,18 +4,17 @@ import logging
 import pytest
 import torch
 
+from tiny_models import mlp, regression_data
+
 STEPS, MICRO, WORLD = 4, 2, 2
 
 
 def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return mlp(8, 16, 4, activation=torch.nn.Tanh)
 
 
 def make_data(gas):
-    g = torch.Generator().manual_seed(1)
-    n = STEPS * MICRO * gas * WORLD
-    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+    return regression_data(STEPS * MICRO * gas * WORLD, 8, 4)
 
 
 def fp32_reference(gas, lr=0.05):

@@ -8,19 +8,23 @@ import torch
 from deepspeed.profiling.config import FlopsProfilerConfig
 from deepspeed.profiling.flops_profiler import FlopsProfiler, number_to_string
 from deepspeed.profiling.plugin import FlopsProfilerPlugin
+from tiny_models import mlp
 
 MICRO, IN, HIDDEN, OUT, STEPS = 2, 8, 16, 4, 3
 
 
 def make_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, OUT))
+    return mlp(IN, HIDDEN, OUT)
 
 
 def expected_flops():
-    macs = MICRO * IN * HIDDEN + MICRO * HIDDEN * OUT
-    return 2 * macs + MICRO * HIDDEN
+    """One forward of make_model() on a (MICRO, IN) batch: each Linear does one MAC per
+    (row, input feature, output feature) and 2 flops per MAC (its bias add is not counted), the
+    ReLU one flop per element of its (MICRO, HIDDEN) input:
+    2 * (2*8*16 + 2*16*4) + 2*16 = 2 * 384 + 32 = 800."""
+    macs = MICRO * IN * HIDDEN + MICRO * HIDDEN * OUT  # 256 + 128 = 384
+    relu = MICRO * HIDDEN  # 32
+    return 2 * macs + relu  # 800
 
 
 def _train(section, gas=1):

@@ -1,14 +1,14 @@
 """The PyTorch-profiler tutorial's usage works around a DeepSpeed engine (README section)."""
 import torch
 
+from tiny_models import mlp
+
 
 def _profile_training(trace_dir):
     import deepspeed
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    engine, *_ = deepspeed.initialize(model=model, config={
+    engine, *_ = deepspeed.initialize(model=mlp(8, 16, 2), config={
         "train_micro_batch_size_per_gpu": 4, "wall_clock_breakdown": True,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
     traces = []

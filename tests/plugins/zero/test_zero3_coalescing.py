@@ -5,6 +5,7 @@ bit-identical to one collective per parameter and equal to single-process AdamW.
 import pytest
 import torch
 
+from tiny_models import regression_data
 from zero_models import LR, MICRO
 
 STEPS = 3
@@ -35,9 +36,7 @@ def _model():
 
 
 def _data(world):
-    g = torch.Generator().manual_seed(3)
-    n = STEPS * MICRO * world
-    return torch.randn(n, 7, generator=g), torch.randn(n, 5, generator=g)
+    return regression_data(STEPS * MICRO * world, 7, 5, seed=3)
 
 
 def _reference(world):

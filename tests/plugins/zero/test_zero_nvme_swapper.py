@@ -7,6 +7,7 @@ import torch
 from deepspeed.ops import aio
 from deepspeed.ops.aio import fallback
 from deepspeed.zero.offload.nvme import OptimizerStateSwapper, validate_nvme_path
+from tiny_models import mlp
 
 
 def _native_handle():
@@ -103,8 +104,7 @@ def test_round_trip_is_bit_exact_and_frees_memory(make_swapper, dtype):
 
 
 def _train(make_swapper_or_none, steps=5, **swapper_kwargs):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(7, 13), torch.nn.Tanh(), torch.nn.Linear(13, 3))
+    model = mlp(7, 13, 3, activation=torch.nn.Tanh)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sw = make_swapper_or_none(opt, **swapper_kwargs) if make_swapper_or_none else None
     data = torch.randn(steps, 5, 7, generator=torch.Generator().manual_seed(1))

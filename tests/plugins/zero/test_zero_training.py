@@ -2,23 +2,29 @@
 import pytest
 import torch
 
-from zero_models import ds_config, make_model, param_groups, reference, train
+from zero_models import (assert_offloaded, assert_on_engine_device, ds_config, make_model,
+                         param_groups, placement, recording_pins, reference, train)
 
 STEPS = 3
 
 
 def _run(stage, gas, zero, steps=STEPS):
+    """The trained parameters, and where the engine kept its masters (``placement``)."""
     import deepspeed
 
     model = make_model()
-    engine, optimizer, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model), config=ds_config(stage, gas, **zero))
+    with recording_pins() as pins:
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=param_groups(model),
+            config=ds_config(stage, gas, **zero))
     assert type(optimizer).__name__ == "DeepSpeedZeroOptimizer"
-    return train(engine, steps, gas)
+    return train(engine, steps, gas), placement(engine, pins)
 
 
 def _assert_matches(results, expected):
     for params in results:
+        if isinstance(params, tuple):  # (parameters, placement) from _run
+            params = params[0]
         assert params.keys() == expected.keys()
         for name, want in expected.items():
             torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6, msg=name)
@@ -34,6 +40,8 @@ def test_stage_matches_reference(dist_pool, world, stage, overlap):
         zero["stage3_param_persistence_threshold"] = 0
     results = dist_pool.run(_run, world_size=world, args=(stage, gas, zero))
     _assert_matches(results, reference(STEPS, gas, world))
+    for _, where in results:
+        assert_on_engine_device(where)
 
 
 @pytest.mark.parametrize("zero", [
@@ -47,10 +55,13 @@ def test_layout_and_collective_choices_do_not_change_the_math(dist_pool, zero):
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_cpu_offload_matches_reference(dist_pool, stage):
-    zero = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+@pytest.mark.parametrize("pin", [True, False])
+def test_cpu_offload_matches_reference(dist_pool, stage, pin):
+    zero = {"offload_optimizer": {"device": "cpu", "pin_memory": pin}}
     results = dist_pool.run(_run, world_size=2, args=(stage, 2, zero))
     _assert_matches(results, reference(STEPS, 2, 2))
+    for _, where in results:
+        assert_offloaded(where, pinned=pin)
 
 
 def _nvme_run(stage, path):

@@ -8,6 +8,8 @@ the two param groups differ in weight decay.
 """
 import torch
 
+from tiny_models import regression_data
+
 MICRO = 2
 LR = 1e-2
 CLIP = 0.5
@@ -41,9 +43,7 @@ def make_data(steps, gas, world):
     """Inputs and targets for ``steps`` steps. Both come from one generator, so the targets
     depend on ``steps``: a test that trains in pieces must draw the data once for the total
     number of steps and slice it, not call this per piece."""
-    g = torch.Generator().manual_seed(1)
-    n = steps * MICRO * gas * world
-    return torch.randn(n, 7, generator=g), torch.randn(n, 5, generator=g)
+    return regression_data(steps * MICRO * gas * world, 7, 5)
 
 
 def micro_batch(x, y, step, micro, rank, gas, world):
@@ -112,3 +112,76 @@ def full_params(module):
         else:
             out[name] = param.detach().float().clone()
     return out
+
+
+class recording_pins:
+    """Within the block, every tensor the accelerator is asked to pin is remembered (by storage
+    address), so a test can see that ZeRO asked for pinned masters even on an accelerator where
+    pinning is a no-op (the CPU accelerator returns the tensor unchanged)."""
+
+    def __enter__(self):
+        from deepspeed.accelerator import get_accelerator
+
+        self.accelerator = get_accelerator()
+        self.addresses = set()
+        pin = self.accelerator.pin_memory
+
+        def recording(tensor, *args, **kwargs):
+            pinned = pin(tensor, *args, **kwargs)
+            self.addresses.add(pinned.data_ptr())
+            return pinned
+
+        self.accelerator.pin_memory = recording  # an instance attribute shadows the method
+        return self
+
+    def __exit__(self, *exc):
+        del self.accelerator.pin_memory
+
+
+def placement(engine, pins=None):
+    """Where a ZeRO engine keeps its state, as device types: the fp32 master partitions (the
+    parameters the basic optimizer steps: ``engine.optimizer.optimizer.param_groups``), their
+    Adam moments, and the model's own parameters; whether the masters are pinned, whether the
+    accelerator pins at all, and (given ``recording_pins`` around ``initialize``) whether pinning
+    was asked for every master."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    zero = engine.optimizer
+    masters = [p for group in zero.optimizer.param_groups for p in group["params"]]
+    assert masters and [id(p) for p in masters] == [id(p) for p in zero.master_params()]
+    assert all(p.dtype == torch.float32 for p in masters)
+    moments = [zero.optimizer.state[p][key] for p in masters if p.numel()
+               for key in ("exp_avg", "exp_avg_sq")]
+    assert moments  # the run stepped: every non-empty master has both moments
+    return {
+        "engine": engine.device.type,
+        "masters": {p.device.type for p in masters},
+        "moments": {t.device.type for t in moments},
+        "params": {p.device.type for p in engine.module.parameters()},
+        "masters_pinned": all(accelerator.is_pinned(p) for p in masters if p.numel()),
+        "pinning_works": accelerator.is_pinned(accelerator.pin_memory(torch.zeros(4))),
+        "pin_asked": None if pins is None else
+        all(p.data_ptr() in pins.addresses for p in masters if p.numel()),
+    }
+
+
+def assert_offloaded(where, pinned, params_offloaded=False):
+    """``offload_optimizer.device: cpu``: masters and moments on the host, the model's
+    parameters still on the engine's device (unless ``offload_param`` moved them too); masters
+    pinned exactly when asked for and the accelerator can pin (page-locked memory needs a device
+    to lock it for)."""
+    assert where["masters"] == {"cpu"} and where["moments"] == {"cpu"}, where
+    if not params_offloaded:
+        assert where["params"] == {where["engine"]}, where
+    if where["pin_asked"] is not None:
+        assert where["pin_asked"] == pinned, where
+    assert where["masters_pinned"] == (pinned and where["pinning_works"]), where
+
+
+def assert_on_engine_device(where):
+    """No offload: masters, moments and parameters all on the engine's device, none pinned."""
+    device = {where["engine"]}
+    assert where["masters"] == device and where["moments"] == device, where
+    assert where["params"] == device, where
+    assert where["pin_asked"] in (None, False) and not where["masters_pinned"], where
