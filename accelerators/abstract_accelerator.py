@@ -24,6 +24,12 @@ class DeepSpeedAccelerator(abc.ABC):
     _compile_backend: str = "inductor"
 
     # ------------------------------------------------------------------ device
+    @property
+    def name(self):
+        """The accelerator's registered name (``DS_ACCELERATOR`` / ``set_accelerator``), which
+        ``ds_report`` and error messages show; subclasses set it as ``_name``."""
+        return self._name
+
     @abc.abstractmethod
     def device_name(self, device_index=None):
         """The torch device string for `device_index` ('cuda:1'), or the bare type when None."""

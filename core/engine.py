@@ -20,13 +20,13 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.hooks import NOT_SHARDED, STEP_TIMERS, PrecisionPolicy, check_implements
 from deepspeed.precision import check_precision_supported, precision_for, training_dtype
-from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
-                                                scale_before_reduce)
+from deepspeed.utils.gradient_averaging import (communication_dtype, reduce_sparse_gradients,
+                                                scale_after_reduce, scale_before_reduce)
 from deepspeed.utils.logging import log_dist, logger
+from deepspeed.utils.reports import print_configuration, see_memory_usage
 from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer
-
-STEP_TIMERS = ["forward", "backward", "backward_inner", "backward_allreduce", "step"]
 
 
 class DeepSpeedEngine(torch.nn.Module):
@@ -81,6 +81,8 @@ class DeepSpeedEngine(torch.nn.Module):
 
         self.checkpoint_engine = checkpoint_engine_for(self)  # torch / safetensors / async
         config.print("DeepSpeedEngine")
+        if config.dump_state:
+            print_configuration(self, "DeepSpeedEngine")
 
     # ------------------------------------------------------------------ plugins
     @property
@@ -109,11 +111,13 @@ class DeepSpeedEngine(torch.nn.Module):
 
         basic = build_optimizer(client_optimizer, self.config, self._model_parameters,
                                 plugin_builder=lambda **kw: self.hook.deepspeed_build_optimizer(
-                                    engine=self, **kw))
+                                    engine=self, **kw),
+                                device=self.hook.deepspeed_optimizer_device(engine=self))
         if basic is not None and self.config.amp_enabled:
             return self._configure_apex_amp(basic)
         wrapped = self.hook.deepspeed_wrap_optimizer(engine=self, optimizer=basic)
         if wrapped is not None:  # the plugin owns precision too (it exposes the same protocol)
+            check_implements(wrapped, PrecisionPolicy, "deepspeed_wrap_optimizer")
             return basic, wrapped, wrapped
         precision, exposed = precision_for(self.config, self.module, basic)
         return basic, exposed, precision
@@ -221,6 +225,7 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.dp_world_size == 1:
             return
         grads = self.precision.reduction_grads()
+        grads = reduce_sparse_gradients(grads, self.config, self.dp_group, self.dp_world_size)
         if not grads:
             return
         flat = _flatten_dense_tensors(grads).to(communication_dtype(self.config, grads[0].dtype))
@@ -236,6 +241,7 @@ class DeepSpeedEngine(torch.nn.Module):
         assert self.optimizer is not None, \
             "must provide optimizer during init in order to use step"
         lr_kwargs = lr_kwargs if lr_kwargs is not None else lr_kwarg
+        see_memory_usage("Engine before step", force=self.config.memory_breakdown)
         self.timers("step").start()
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
@@ -257,6 +263,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.micro_steps += 1
         self._boundary_override = None
         self.timers("step").stop()
+        see_memory_usage("Engine after step", force=self.config.memory_breakdown)
         if boundary:
             self.hook.deepspeed_after_step(engine=self)  # sees this step's timers (monitors)
             self._report_progress()
@@ -279,14 +286,14 @@ class DeepSpeedEngine(torch.nn.Module):
         log_dist(f"step={self.global_steps}, skipped={self.skipped_steps}, lr={self.get_lr()}, "
                  f"loss={loss}, samples/sec={current:.2f} (avg {average:.2f})", ranks=[0])
         # the engine's own phases first, then any a plugin timed (ZeRO's reduce / all-gather)
-        self.timers.log(STEP_TIMERS + [name for name in getattr(self.timers, "timers", {})
-                                       if name not in STEP_TIMERS])
+        self.timers.log(list(STEP_TIMERS) + [name for name in self.timers.names()
+                                             if name not in STEP_TIMERS])
 
     # ------------------------------------------------------------------ queries and switches
     @contextmanager
     def no_sync(self):
         """Skip the gradient reduction inside this context (gradients keep accumulating)."""
-        assert self.zero_optimization_stage() < 2, \
+        assert not self.sharding.partitions_gradients, \
             "no_sync is not compatible with ZeRO stage 2 or 3 (gradients are partitioned)"
         assert not self._inside_no_sync, "no_sync contexts cannot be nested"
         self._inside_no_sync = True
@@ -316,8 +323,18 @@ class DeepSpeedEngine(torch.nn.Module):
     def gradient_clipping(self):
         return self.config.gradient_clipping
 
+    @property
+    def sharding(self):
+        """How an enabled plugin shards the training state (``deepspeed.hooks.Sharding``)."""
+        return self.hook.deepspeed_sharding(engine=self) or NOT_SHARDED
+
     def zero_optimization_stage(self):
-        return self.config.zero_optimization_stage
+        return self.sharding.stage
+
+    @property
+    def monitor(self):
+        """The enabled monitor plugin's writer (``write_events``), or None."""
+        return self.hook.deepspeed_engine_monitor(engine=self)
 
     def fp16_enabled(self):
         return self.config.fp16_enabled
@@ -354,9 +371,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def zero_gather_16bit_weights_on_model_save(self):
         """Whether a 16-bit save gathers ZeRO-3 shards (HF Trainer asks before saving)."""
-        section = self.config.section("zero_optimization") \
-            if self.config.has_section("zero_optimization") else None
-        return bool(getattr(section, "gather_16bit_weights_on_model_save", False))
+        return self.sharding.gathers_16bit_weights_on_save
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
         """The whole module's weights in their training dtype, gathered from shards where a

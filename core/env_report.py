@@ -36,7 +36,7 @@ def _op_rows(warnings):
             continue
         if builder is None:
             warnings.append(f"op builder '{class_name}' is registered but the accelerator "
-                            f"'{get_accelerator()._name}' cannot create it")
+                            f"'{get_accelerator().name}' cannot create it")
             continue
         name = getattr(builder, "NAME", class_name)
         provider = f"{type(builder).__module__}:{type(builder).__qualname__}"
@@ -157,7 +157,7 @@ def environment_report(warnings):
              _dots("deepspeed install path", os.path.dirname(deepspeed.__file__)),
              _dots("deepspeed info", f"{deepspeed.__version__}, {githash}, {branch}"),
              _dots("python version", platform.python_version()),
-             _dots("accelerator", f"{acc._name} (backend {acc.communication_backend_name()})"),
+             _dots("accelerator", f"{acc.name} (backend {acc.communication_backend_name()})"),
              _dots("installed accelerators", ", ".join(installed_accelerators()) or "none"),
              _dots("torch cuda version", torch.version.cuda or "none (CPU build)"),
              _dots("cpu", cpu),

@@ -5,14 +5,25 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - A plugin implements a hook by defining a function of the same name decorated with
   ``@deepspeed.hookimpl``. It may accept any *subset* of the arguments listed here, so new
   arguments can be added to a hook without breaking existing plugins.
-- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). The one
-  exception is ``deepspeed_config_sections``, asked of every installed plugin, because the config
-  has to be validated before anyone knows which plugins it enables.
+- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). The two
+  exceptions are asked of every installed plugin because no engine exists when they are needed:
+  ``deepspeed_config_sections`` (the config has to be validated before anyone knows which
+  plugins it enables) and ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
+  engine).
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
   Other hooks call every implementation; their return values are ignored unless documented.
 - Arguments are passed by keyword. ``engine`` is the ``DeepSpeedEngine`` calling the hook.
+
+Besides the hooks, the objects that cross the boundary are declared here as ``typing.Protocol``
+classes (the precision policy a wrapping plugin returns, a comms logger, a monitor, the engine's
+timers, the per-parameter state access behind ``deepspeed.utils.safe_get_*``): a plugin written
+from this file alone can take part in every interaction the core has with plugins. Anything a
+plugin or the core needs from the other and that is not listed here is a bug in this file.
 """
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
 import pluggy
 
 PROJECT_NAME = "deepspeed"
@@ -50,6 +61,14 @@ def deepspeed_engine_init(engine, config):
 
 
 @hookspec(firstresult=True)
+def deepspeed_optimizer_device(engine):
+    """The device type the basic optimizer will step on when a plugin keeps the fp32 master
+    weights somewhere other than the parameters' device (first result wins): ZeRO-Offload
+    answers ``"cpu"`` for ``offload_optimizer.device`` cpu or nvme, so the core builds
+    ``DeepSpeedCPUAdam`` instead of a device Adam. None: the parameters' own device."""
+
+
+@hookspec(firstresult=True)
 def deepspeed_build_optimizer(engine, name, params, optimizer_params):
     """Build the optimizer the config names when the core does not know ``name`` (first result
     wins).
@@ -67,11 +86,9 @@ def deepspeed_wrap_optimizer(engine, optimizer):
     ``optimizer`` is the basic optimizer built from the config or given by the client (may be
     None for inference-only engines). Return the replacement (e.g. a ZeRO or 1-bit optimizer
     wrapping it) or None to leave it alone. The replacement also becomes the engine's precision
-    policy, so it implements the protocol of ``deepspeed.precision.mixed_precision``
-    (``scale_loss``, ``accumulate_micro_grads``, ``reduction_grads``, ``unscale_grads``,
-    ``clip_grad_norm``, ``optimizer_step``, ``after_optimizer_step``, ``update_scale``,
-    ``zero_grad``, ``master_params``); it keeps stepping ``optimizer`` (re-pointed at whatever
-    tensors it chooses), which stays the engine's ``basic_optimizer`` that LR schedulers drive.
+    policy, so it implements ``PrecisionPolicy`` (below); it keeps stepping ``optimizer``
+    (re-pointed at whatever tensors it chooses), which stays the engine's ``basic_optimizer``
+    that LR schedulers drive.
     """
 
 
@@ -127,6 +144,41 @@ def deepspeed_engine_destroy(engine):
 
 
 # ---------------------------------------------------------------------------------------------
+# Questions the engine answers for its users, from the plugin that knows
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sharding:
+    """How a plugin shards the training state across the data-parallel group, in ZeRO's terms
+    (the vocabulary of the upstream API the engine answers: ``zero_optimization_stage()``)."""
+
+    stage: int  # 0 nothing, 1 optimizer states, 2 and gradients, 3 and parameters
+    # a 16-bit save (``save_16bit_model``, HF Trainer) gathers the sharded weights first
+    gathers_16bit_weights_on_save: bool = False
+
+    @property
+    def partitions_gradients(self) -> bool:
+        return self.stage >= 2
+
+
+NOT_SHARDED = Sharding(stage=0)
+
+
+@hookspec(firstresult=True)
+def deepspeed_sharding(engine):
+    """Return a ``Sharding`` when this plugin shards the model's training state (first result
+    wins); None when it does not. The engine answers ``zero_optimization_stage()``,
+    ``zero_gather_16bit_weights_on_model_save()`` and refuses ``no_sync()`` with partitioned
+    gradients from it; without an answer the state is not sharded (``NOT_SHARDED``)."""
+
+
+@hookspec(firstresult=True)
+def deepspeed_engine_monitor(engine):
+    """Return the object ``engine.monitor`` exposes to the training script (a ``Monitor``:
+    ``write_events([(name, value, step), ...])``), first result wins; None when this plugin
+    does not monitor. Without an answer ``engine.monitor`` is None."""
+
+
+# ---------------------------------------------------------------------------------------------
 # Events
 # ---------------------------------------------------------------------------------------------
 @hookspec
@@ -138,6 +190,18 @@ def deepspeed_comm_op(record):
     ``deepspeed.comm`` when an enabled plugin implements this hook, so communication is not
     timed otherwise.
     """
+
+
+@hookspec(firstresult=True)
+def deepspeed_comms_logger(settings):
+    """Return a ``CommsLogger`` that logs every ``deepspeed.comm`` op according to the live
+    ``settings`` (a ``deepspeed.comm.CommsLoggerSettings``, changed in place by
+    ``deepspeed.comm.configure``), first result wins.
+
+    Asked of every *installed* plugin, like ``deepspeed_config_sections``, when
+    ``deepspeed.comm.configure(enabled=True)`` (or ``init_distributed(config=...)``) turns
+    communication logging on without an engine; the core registers the answer as a comm
+    observer and removes it when logging is switched off again."""
 
 
 @hookspec(firstresult=True)
@@ -232,3 +296,141 @@ def deepspeed_save_16bit_model(engine, save_dir, save_filename, exclude_frozen_p
     ``stage3_gather_16bit_weights_on_model_save`` is off); None lets the core save
     ``engine.module.state_dict()`` from global rank 0.
     """
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocols: the objects that cross the boundary
+# ---------------------------------------------------------------------------------------------
+#: The phases ``engine.timers`` measures around every step, in this order (monitors and the
+#: progress report log them; a plugin may time more under its own names).
+STEP_TIMERS = ("forward", "backward", "backward_inner", "backward_allreduce", "step")
+
+
+@runtime_checkable
+class PrecisionPolicy(Protocol):
+    """What ``DeepSpeedEngine`` drives each step; ``deepspeed.precision`` provides the fp32 /
+    bf16 / fp16 policies and a plugin whose ``deepspeed_wrap_optimizer`` returns a replacement
+    implements it over its own storage (ZeRO over partitions). Called in the order of the
+    methods below, the last six only at an accumulation boundary."""
+
+    loss_scale: float  # the current fp16 loss scale (1.0 when losses are not scaled)
+
+    def scale_loss(self, loss) -> Any:
+        """The tensor to back-propagate (``loss`` times the loss scale)."""
+
+    def accumulate_micro_grads(self) -> None:
+        """After each backward: fold this micro-batch's gradients into the accumulator."""
+
+    def reduction_grads(self) -> List[Any]:
+        """The gradient tensors the core all-reduces in place when no plugin reduces them."""
+
+    def unscale_grads(self) -> bool:
+        """Unscale and check for fp16 overflow; False skips this step."""
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip to ``max_norm``; return the global norm measured before clipping."""
+
+    def optimizer_step(self) -> None:
+        """Step the basic optimizer."""
+
+    def after_optimizer_step(self) -> None:
+        """Copy the updated masters back into the model's weights."""
+
+    def update_scale(self, overflow: bool) -> None:
+        """Adjust the loss scale after a step (skipped when ``overflow``)."""
+
+    def zero_grad(self) -> None:
+        """Clear every gradient the step consumed."""
+
+    def master_params(self) -> List[Any]:
+        """The tensors the basic optimizer steps (fp32 masters or partitions)."""
+
+    def model_param_of(self, stepped) -> Optional[Any]:
+        """The model parameter that the optimizer tensor ``stepped`` stands for whole (itself
+        in fp32 training, its 16-bit parameter for an fp32 master), or None when ``stepped``
+        is not one parameter (a flat partition): universal checkpoints load through it."""
+
+
+class StepTimer(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@runtime_checkable
+class EngineTimers(Protocol):
+    """``engine.timers``: named wall-clock timers, real with ``wall_clock_breakdown`` and
+    no-ops otherwise. Plugins time their own phases with it (``engine.timers("name")``) and
+    monitors read the last step's phases with ``last_ms``."""
+
+    def __call__(self, name: str) -> StepTimer: ...
+
+    def names(self) -> List[str]:
+        """Every timer used so far, ``STEP_TIMERS`` ones included."""
+
+    def last_ms(self, name: str) -> Optional[float]:
+        """Milliseconds the timer ``name`` measured in its last start/stop, None if never."""
+
+    def log(self, names: Sequence[str]) -> None:
+        """Print the named timers' elapsed times on rank 0."""
+
+
+@runtime_checkable
+class Monitor(Protocol):
+    """What ``engine.monitor`` is (see ``deepspeed_engine_monitor``)."""
+
+    def write_events(self, events: Iterable[Tuple[str, float, int]]) -> None: ...
+
+
+@runtime_checkable
+class CommsLogger(Protocol):
+    """A comm observer that can summarise (see ``deepspeed_comms_logger``): called with each
+    ``deepspeed.comm.CommRecord``; ``log_summary`` answers ``deepspeed.comm.log_summary``."""
+
+    def __call__(self, record) -> None: ...
+
+    def log_summary(self, show_straggler: bool = False, return_dict: bool = False) -> Any: ...
+
+
+#: The attribute through which a plugin that partitions a parameter's training state answers
+#: ``deepspeed.utils.safe_get_*`` / ``safe_set_*`` for it (a ``ParamStateAccess``); a
+#: parameter without it is held whole and plainly by its module and its torch optimizer.
+PARAM_STATE_ACCESS = "ds_state_access"
+
+
+@runtime_checkable
+class ParamStateAccess(Protocol):
+    """Reads and writes one parameter's share of partitioned training state. ``full`` methods
+    are collectives over the data-parallel group and use the parameter's full shape; ``local``
+    ones return or take this rank's fragment as a 1-D tensor. ``optim_state_key`` None means
+    the fp32 master weight, else a per-element optimizer state (``"exp_avg"``); an accessor
+    that holds no optimizer state raises ``ValueError`` naming why for a key."""
+
+    def get_full_hp_param(self, param, optim_state_key: Optional[str] = None) -> Any: ...
+
+    def get_local_hp_param(self, param, optim_state_key: Optional[str] = None) -> Any: ...
+
+    def get_full_hp_grad(self, param) -> Any: ...
+
+    def get_local_hp_grad(self, param) -> Any: ...
+
+    def set_full_hp_param(self, value, param, optim_state_key: Optional[str] = None) -> None: ...
+
+    def set_local_hp_param(self, value, param, optim_state_key: Optional[str] = None) -> None: ...
+
+
+def check_implements(obj, protocol, source):
+    """Raise ``TypeError`` naming what ``obj`` (returned by ``source``, e.g. a hook) lacks of
+    ``protocol``, so a plugin author learns it at ``initialize``, not mid-step."""
+    members = [name for name in dir(protocol) if not name.startswith("_")]
+    missing = [name for name in members if not hasattr(obj, name)]
+    if missing:
+        raise TypeError(f"{source} returned a {type(obj).__name__}, which does not implement "
+                        f"deepspeed.hooks.{protocol.__name__}: missing {', '.join(missing)}")
+    return obj
+
+
+__all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + [
+    "hookspec", "hookimpl", "PROJECT_NAME", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
+    "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor", "CommsLogger",
+    "PARAM_STATE_ACCESS", "ParamStateAccess", "check_implements"]

@@ -51,11 +51,14 @@ PLUGIN_OPTIMIZERS = {
 }
 
 
-def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=None):
+def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=None,
+                    device=None):
     """Return the optimizer to step, or None for an engine without one (inference).
 
     ``plugin_builder(name=, params=, optimizer_params=)`` asks the enabled plugins for a
-    type the core does not build itself (the ``deepspeed_build_optimizer`` hook)."""
+    type the core does not build itself (the ``deepspeed_build_optimizer`` hook). ``device``
+    is where a plugin keeps the fp32 masters the optimizer will step (``"cpu"`` under
+    ZeRO-Offload, the ``deepspeed_optimizer_device`` hook); None means the parameters'."""
     name = config.optimizer_name
     if client_optimizer is not None:
         if name is not None:
@@ -76,7 +79,7 @@ def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=N
     key = CONFIG_ALIASES.get(name.lower(), name.lower())
     factory = _FACTORIES.get(key)
     if factory is not None:
-        return factory(model_parameters, options, _runs_on_host(config, model_parameters), key)
+        return factory(model_parameters, options, _runs_on_host(device, model_parameters), key)
     built = plugin_builder(name=name, params=model_parameters, optimizer_params=options) \
         if plugin_builder is not None else None
     if built is not None:
@@ -121,17 +124,12 @@ def _checked_options(params: Optional[Dict]) -> Dict:
     return options
 
 
-def _runs_on_host(config, model_parameters) -> bool:
-    """True when the optimizer steps on the CPU: ZeRO offloads it there, or the params live
-    there (a CPU-only run, where the DeepSpeed CPU optimizers are the fast path)."""
-    zero = config.raw.get("zero_optimization") if isinstance(config.raw, dict) else None
-    if isinstance(zero, dict):
-        offload = zero.get("offload_optimizer")
-        device = offload.get("device", "none") if isinstance(offload, dict) else "none"
-        if str(device).lower() in ("cpu", "nvme"):
-            return True
-        if zero.get("cpu_offload") is True:  # the pre-0.5 spelling of offload_optimizer: cpu
-            return True
+def _runs_on_host(device, model_parameters) -> bool:
+    """True when the optimizer steps on the CPU: a plugin keeps the masters there (``device``),
+    or the params live there (a CPU-only run, where the DeepSpeed CPU optimizers are the fast
+    path)."""
+    if device is not None and torch.device(device).type == "cpu":
+        return True
     tensors = [t for entry in model_parameters
                for t in (entry["params"] if isinstance(entry, dict) else [entry])]
     return bool(tensors) and all(t.device.type == "cpu" for t in tensors)

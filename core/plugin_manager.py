@@ -127,6 +127,13 @@ class PluginCatalog:
                 self.owners[key] = impl.plugin_name
                 self.sections[key] = model
 
+    @property
+    def installed_hook(self):
+        """The hooks of every installed plugin, enabled or not: only for the hooks documented
+        as asked of installed plugins (``deepspeed_config_sections``,
+        ``deepspeed_comms_logger``), which run before or without any engine."""
+        return self._all.hook
+
     def sections_of(self, name):
         return [key for key, owner in self.owners.items() if owner == name]
 

@@ -116,9 +116,8 @@ def load_into_optimizer(engine, checkpoint_dir):
     info = read_info(checkpoint_dir)
     optimizer = engine.basic_optimizer
     names = {id(p): n for n, p in engine.module.named_parameters()}
-    model_of = {id(m): p for p, m in getattr(engine.precision, "_pairs", [])}
     saved_groups = info["group_params"]
-    mine = [[names[id(model_of.get(id(t), t))] for t in group["params"]]
+    mine = [[names[id(engine.precision.model_param_of(t))] for t in group["params"]]
             for group in optimizer.param_groups]
     if [sorted(g) for g in mine] != [sorted(g) for g in saved_groups]:
         raise CheckpointFormatError(

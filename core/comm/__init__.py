@@ -49,13 +49,16 @@ from deepspeed.comm.groups import (
 from deepspeed.comm.initialization import init_distributed
 from deepspeed.comm.observers import (
     CommRecord,
+    CommsLoggerSettings,
     add_comm_observer,
     comm_observers,
     comms_logger_settings,
     configure,
+    configured_comms_logger,
     log_summary,
     remove_comm_observer,
 )
+from deepspeed.utils import logging as _logging
 
 __all__ = [
     "init_distributed", "is_initialized", "is_available", "get_rank", "get_world_size",
@@ -66,5 +69,19 @@ __all__ = [
     "allgather_fn", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn",
     "all_to_all_single", "all_to_all", "gather", "scatter", "send", "recv", "isend", "irecv",
     "CommTimeoutError", "CommRecord", "add_comm_observer", "remove_comm_observer",
-    "comm_observers", "configure", "comms_logger_settings", "log_summary",
+    "comm_observers", "configure", "configured_comms_logger", "comms_logger_settings",
+    "CommsLoggerSettings",
+    "log_summary",
 ]
+
+
+def _rank_for_logs():
+    """The rank `deepspeed.utils.log_dist` reports, or None before a process group is up.
+
+    Registered into the logger, not imported by it: the logger sits below this package (which
+    logs through it), so the dependency points from here down to it.
+    """
+    return get_rank() if is_initialized() else None
+
+
+_logging.set_rank_source(_rank_for_logs)

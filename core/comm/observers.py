@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
-from typing import Callable, List, Mapping, Optional
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
 
+from deepspeed.comm.state import CommsLoggerSettings
 from deepspeed.utils.logging import logger
 
 # --------------------------------------------------------------------------- bandwidth formulas
@@ -128,19 +129,7 @@ def emit(record: CommRecord) -> None:
 
 
 # --------------------------------------------------------------------------- comms_logger config
-@dataclass
-class CommsLoggerSettings:
-    """The `comms_logger` config section; defaults as documented."""
-
-    enabled: bool = False
-    verbose: bool = False
-    prof_all: bool = True
-    debug: bool = False
-    prof_ops: List[str] = field(default_factory=list)
-
-
-_BOOL_KEYS = ("enabled", "verbose", "prof_all", "debug")
-_settings = CommsLoggerSettings()
+_settings = CommsLoggerSettings()  # the live settings configure() updates in place
 
 
 def comms_logger_settings() -> CommsLoggerSettings:
@@ -157,67 +146,52 @@ def _section_of(config):
         return section
     if hasattr(section, "model_dump"):
         return section.model_dump()
-    return {f.name: getattr(section, f.name) for f in fields(CommsLoggerSettings)
-            if hasattr(section, f.name)}
-
-
-def _check_bool(key, value, where):
-    if not isinstance(value, bool):
-        raise ValueError(f"{where}{key} must be true or false, got {value!r}")
-    return value
-
-
-def _check_ops(value, where):
-    if isinstance(value, str) or not all(isinstance(v, str) for v in (value or ())):
-        raise ValueError(f"{where}prof_ops must be a list of op names such as "
-                         f"['all_reduce', 'all_gather'], got {value!r}")
-    return list(value or ())
+    return {name: getattr(section, name) for name in CommsLoggerSettings.model_fields
+            if hasattr(section, name)}
 
 
 def configure(config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None, debug=None):
     """Store comms_logger settings: first from `config`'s "comms_logger" section, then keywords;
     then start (enabled) or stop (disabled) the engine-less logger, see below."""
     section = _section_of(config) if config is not None else None
-    allowed = [f.name for f in fields(CommsLoggerSettings)]
     if section:
-        unknown = sorted(set(section) - set(allowed))
-        if unknown:
-            raise ValueError(f"unknown key(s) {unknown} in comms_logger; allowed: {allowed}")
-        for key in _BOOL_KEYS:
-            if key in section:
-                setattr(_settings, key, _check_bool(key, section[key], "comms_logger."))
-        if "prof_ops" in section:
-            _settings.prof_ops = _check_ops(section["prof_ops"], "comms_logger.")
-    for key, value in (("enabled", enabled), ("prof_all", prof_all), ("verbose", verbose),
-                       ("debug", debug)):
-        if value is not None:
-            setattr(_settings, key, _check_bool(key, value, "configure(): "))
-    if prof_ops is not None:
-        _settings.prof_ops = _check_ops(prof_ops, "configure(): ")
+        _settings.update(section, "comms_logger.")
+    keywords = {"enabled": enabled, "prof_all": prof_all, "prof_ops": prof_ops,
+                "verbose": verbose, "debug": debug}
+    _settings.update({k: v for k, v in keywords.items() if v is not None}, "configure(): ")
     _sync_configured_logger()
 
 
-def _sync_configured_logger():
-    """Without an engine nobody else observes: enabled, ask the installed plugin that owns the
-    comms_logger section for a logger (`create_comms_logger(settings)`) and observe with it;
-    disabled, drop that logger again. The core names no plugin: it finds the owner by section."""
-    ours = [o for o in _observers if getattr(o, "created_by_configure", False)]
-    if not _settings.enabled:
-        for observer in ours:
-            remove_comm_observer(observer)
-        return
-    if ours:
-        return
-    from deepspeed.plugin_manager import installed_plugins  # lazy: it is above comm
+_configured_logger = None  # the CommsLogger configure() registered, while logging is on
 
-    for spec in installed_plugins().values():
-        plugin = spec.load()
-        factory = getattr(plugin, "create_comms_logger", None)
-        if "comms_logger" in (getattr(plugin, "config_sections", None) or {}) and callable(factory):
-            add_comm_observer(factory(_settings))
-            return
-    logger.warning("comms_logger is enabled but no installed plugin provides a communication "
-                   "logger (one owning the 'comms_logger' section); nothing will be logged")
+
+def configured_comms_logger():
+    """The comms logger ``deepspeed.comm.configure(enabled=True)`` registered (None when off):
+    an engine's comms-logger plugin shares it so that no op is logged twice."""
+    return _configured_logger
+
+
+def _sync_configured_logger():
+    """Without an engine nobody else observes: enabled, ask the installed plugins for a logger
+    (the ``deepspeed_comms_logger`` hook, as for config sections: no engine exists yet) and
+    observe with it; disabled, drop that logger again. The core names no plugin."""
+    global _configured_logger
+    if not _settings.enabled:
+        if _configured_logger is not None:
+            remove_comm_observer(_configured_logger)
+            _configured_logger = None
+        return
+    if _configured_logger is not None:
+        return
+    from deepspeed.plugin_manager import PluginCatalog  # lazy: plugins are loaded above comm
+
+    made = PluginCatalog().installed_hook.deepspeed_comms_logger(settings=_settings)
+    if made is None:
+        logger.warning("comms_logger is enabled but no installed plugin provides a communication "
+                       "logger (the deepspeed_comms_logger hook); nothing will be logged")
+        return
+    _configured_logger = made
+    add_comm_observer(made)
 
 
 def log_summary(show_straggler=False, return_dict=False):
@@ -241,7 +215,8 @@ def log_summary(show_straggler=False, return_dict=False):
 
 def reset() -> None:
     """Forget observers and comms_logger settings (between tests sharing one process)."""
-    global _observers, _settings
+    global _observers, _settings, _configured_logger
     with _lock:
         _observers = ()
     _settings = CommsLoggerSettings()
+    _configured_logger = None

@@ -184,7 +184,7 @@ def local_resource_pool():
     count = int(accel.device_count())
     if count < 1:
         raise LauncherError(f"Unable to proceed, no GPU resources available (accelerator "
-                            f"'{accel._name}' reports {count} devices)")
+                            f"'{accel.name}' reports {count} devices)")
     return OrderedDict(localhost=count), None
 
 

@@ -24,10 +24,10 @@ def training_dtype(config):
 def check_precision_supported(config, accelerator):
     """Fail at initialize, naming the alternative, instead of deep inside the first forward."""
     if config.fp16_enabled and not accelerator.is_fp16_supported():
-        raise ValueError(f"fp16.enabled: the '{accelerator._name}' accelerator cannot train in "
+        raise ValueError(f"fp16.enabled: the '{accelerator.name}' accelerator cannot train in "
                          f"fp16; use \"bf16\": {{\"enabled\": true}} or fp32 instead")
     if config.bfloat16_enabled and not accelerator.is_bf16_supported():
-        raise ValueError(f"bf16.enabled: the '{accelerator._name}' accelerator does not support "
+        raise ValueError(f"bf16.enabled: the '{accelerator.name}' accelerator does not support "
                          f"bfloat16; use fp16 or fp32 instead")
 
 

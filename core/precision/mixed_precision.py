@@ -5,11 +5,9 @@
   steps fp32 *master* copies; gradients are copied (and, for fp16, unscaled and checked for
   overflow) into the masters, and the updated masters are copied back into the model.
 
-Both expose the same small protocol so ``DeepSpeedEngine.step`` reads the same for every
-precision: ``scale_loss``, ``accumulate_micro_grads``, ``reduction_grads``, ``unscale_grads``
-(False = overflow, skip the step), ``master_params``, ``after_optimizer_step``,
-``optimizer_step``, ``clip_grad_norm``, ``update_scale``, ``zero_grad``. A plugin that owns the
-optimizer (ZeRO) implements the same protocol over its partitions.
+Both implement ``deepspeed.hooks.PrecisionPolicy``, so ``DeepSpeedEngine.step`` reads the same
+for every precision; a plugin that owns the optimizer (ZeRO) implements the same protocol over
+its partitions.
 """
 import torch
 
@@ -52,6 +50,10 @@ class FullPrecision:
 
     def master_params(self):
         return [p for p in self._params if p.grad is not None]
+
+    def model_param_of(self, stepped):
+        """The optimizer steps the model's own parameters."""
+        return stepped
 
     def clip_grad_norm(self, max_norm):
         return clip_local_grad_norm(self.master_params(), max_norm)
@@ -126,6 +128,7 @@ class MixedPrecisionOptimizer(OptimizerFace):
                 self._pairs.append((param, master))
                 masters.append(master)
             group["params"] = masters
+        self._model_of = {id(master): param for param, master in self._pairs}
 
     def step(self, closure=None):
         """Step the masters and refresh the model; the engine calls ``unscale_grads`` first."""
@@ -205,6 +208,10 @@ class MixedPrecisionOptimizer(OptimizerFace):
 
     def master_params(self):
         return [m for _, m in self._pairs]
+
+    def model_param_of(self, stepped):
+        """The 16-bit parameter whose fp32 master ``stepped`` is."""
+        return self._model_of.get(id(stepped))
 
     def clip_grad_norm(self, max_norm):
         return clip_local_grad_norm(self.master_params(), max_norm)

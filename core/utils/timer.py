@@ -49,6 +49,13 @@ class SynchronizedWallClockTimer:
             self.timers[name] = _Timer(name)
         return self.timers[name]
 
+    def names(self):
+        return list(self.timers)
+
+    def last_ms(self, name):
+        timer = self.timers.get(name)
+        return None if timer is None else timer.last_ms
+
     def log(self, names, reset=True, ranks=(0,)):
         parts = [f"{name}: {self.timers[name].mean_ms():.2f}" for name in names
                  if name in self.timers and self.timers[name].count]
@@ -74,6 +81,12 @@ class NoopTimer:
 
     def __call__(self, name):
         return self._noop
+
+    def names(self):
+        return []
+
+    def last_ms(self, name):
+        return None
 
     def log(self, names, reset=True, ranks=(0,)):
         pass

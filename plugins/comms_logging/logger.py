@@ -29,8 +29,6 @@ class CommsLogger:
     `deepspeed.comm.configure(...)` calls take effect at once.
     """
 
-    created_by_configure = False  # True for the logger deepspeed.comm.configure() registered
-
     def __init__(self, settings=None):
         self.settings = settings if settings is not None else CommsLoggerConfig()
         self._stats = {}  # display name -> {message size in bytes -> OpStats}

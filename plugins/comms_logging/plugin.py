@@ -14,31 +14,21 @@ from deepspeed.plugin_manager import DeepSpeedPlugin
 SECTION = "comms_logger"
 
 
-def _configured_logger():
-    """The logger `deepspeed.comm.configure()` / `init_distributed(config=...)` registered."""
-    for observer in dist.comm_observers():
-        if isinstance(observer, CommsLogger) and observer.created_by_configure:
-            return observer
-    return None
-
-
 class CommsLoggerPlugin(DeepSpeedPlugin):
     config_sections = {SECTION: CommsLoggerConfig}
 
     def __init__(self):
         self.logger = None
 
-    @classmethod
-    def create_comms_logger(cls, settings):
+    @hookimpl
+    def deepspeed_comms_logger(self, settings):
         """The logger `deepspeed.comm.configure(enabled=True)` registers when no engine exists;
         it reads `settings` (core's live comms_logger settings) on every op."""
-        logger = CommsLogger(settings)
-        logger.created_by_configure = True
-        return logger
+        return CommsLogger(settings)
 
     @hookimpl
     def deepspeed_engine_init(self, engine, config):
-        existing = _configured_logger()
+        existing = dist.configured_comms_logger()
         if existing is not None:
             # init_distributed(config=...) already logs every op of this process: share it, so
             # one summary covers everything and no op is counted twice.

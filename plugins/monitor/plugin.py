@@ -9,7 +9,7 @@ step = ``engine.global_samples``:
 - ``Train/Samples/lr``: the first param group's learning rate;
 - ``Train/Samples/loss_scale``: the fp16 loss scale, under fp16 only.
 """
-from deepspeed.hooks import hookimpl
+from deepspeed.hooks import STEP_TIMERS, hookimpl
 from deepspeed.monitor.config import SECTIONS, get_monitor_config
 from deepspeed.monitor.monitor import MonitorMaster
 from deepspeed.plugin_manager import DeepSpeedPlugin
@@ -17,9 +17,6 @@ from deepspeed.plugin_manager import DeepSpeedPlugin
 TRAIN_LOSS = "Train/Samples/train_loss"
 LR = "Train/Samples/lr"
 LOSS_SCALE = "Train/Samples/loss_scale"
-
-
-TIMED_PHASES = ("forward", "backward", "backward_inner", "backward_allreduce", "step")
 
 
 def step_events(engine, loss_sum):
@@ -36,11 +33,10 @@ def step_events(engine, loss_sum):
         if scale is not None:
             events.append((LOSS_SCALE, float(scale), step))
     if engine.config.wall_clock_breakdown:  # this step's phases, as the engine timed them
-        timers = getattr(engine.timers, "timers", {})
-        for phase in TIMED_PHASES:
-            timer = timers.get(phase)
-            if timer is not None and timer.last_ms is not None:
-                events.append((f"Train/Samples/elapsed_time_ms_{phase}", timer.last_ms, step))
+        for phase in STEP_TIMERS:
+            elapsed = engine.timers.last_ms(phase)
+            if elapsed is not None:
+                events.append((f"Train/Samples/elapsed_time_ms_{phase}", elapsed, step))
     return events
 
 
@@ -55,7 +51,10 @@ class MonitorPlugin(DeepSpeedPlugin):
     @hookimpl
     def deepspeed_engine_init(self, engine, config):
         self.monitor = MonitorMaster(get_monitor_config(config))
-        engine.monitor = self.monitor
+
+    @hookimpl
+    def deepspeed_engine_monitor(self, engine):
+        return self.monitor
 
     def _writing(self):
         return self.monitor is not None and bool(self.monitor.monitors)

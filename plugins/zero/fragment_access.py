@@ -1,7 +1,8 @@
 """Reading and writing one parameter's share of the ZeRO optimizer's partitioned fp32 state.
 
 This is the optimizer side of ``deepspeed.utils.safe_get_full_fp32_param`` and friends
-(``deepspeed.utils.tensor_fragment``, which finds the optimizer through ``param._ds_optimizer``).
+(``deepspeed.utils.tensor_fragment``, which finds it through the parameter's
+``deepspeed.hooks.PARAM_STATE_ACCESS`` attribute).
 
 Under every stage a rank owns one *contiguous* range of each flattened parameter (possibly
 empty): stages 1/2 pack parameters into buckets whose pieces are contiguous ranges, and a

@@ -14,6 +14,7 @@ in ``ds_id`` order so the collectives pair up.
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.hooks import PARAM_STATE_ACCESS
 from deepspeed.zero.partition_parameters import (ZeroParamStatus, gather_params, is_zero_param,
                                                  release_params)
 from deepspeed.zero.stage3 import register_external_parameter
@@ -92,9 +93,9 @@ class GatheredParameters:
                 if data.data_ptr() != param.data.data_ptr():
                     param.data.copy_(data)
             partitioner.write_shard_from_full(param)
-            optimizer = getattr(param, "_ds_optimizer", None)
-            if optimizer is not None:
-                optimizer.refresh_fp32_param(param)
+            owner = getattr(param, PARAM_STATE_ACCESS, None)
+            if hasattr(owner, "refresh_fp32_param"):  # the ZeRO optimizer stepping it
+                owner.refresh_fp32_param(param)
 
     def _restore_kept(self):
         """Edits are discarded: the released parameters lose them by being released; those

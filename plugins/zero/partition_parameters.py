@@ -28,6 +28,8 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.hooks import PARAM_STATE_ACCESS
+from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
 
 
 class ZeroParamStatus(Enum):
@@ -86,6 +88,7 @@ class Partitioner:
         param.ds_partitioner = self
         param.ds_persist = False
         param.ds_external_users = 0
+        setattr(param, PARAM_STATE_ACCESS, SHARD_ONLY_ACCESS)  # until an optimizer adopts it
         _add_methods(param)
         param.data = _placeholder(param, full.device)
         param.ds_status = ZeroParamStatus.NOT_AVAILABLE

@@ -4,9 +4,11 @@ Enabled by ``zero_optimization.stage`` > 0. It replaces the engine's optimizer w
 ``DeepSpeedZeroOptimizer`` (which is also the precision policy), the core all-reduce with its
 bucketed reduce-scatter, and the optimizer part of checkpoints with per-rank partition files.
 """
+import weakref
+
 import torch
 
-from deepspeed.hooks import hookimpl
+from deepspeed.hooks import Sharding, hookimpl
 from deepspeed.optimizers import is_zero_supported_optimizer
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.utils.logging import logger
@@ -22,6 +24,14 @@ def _zero_optimizer(engine):
 
     optimizer = getattr(engine, "optimizer", None)
     return optimizer if isinstance(optimizer, DeepSpeedZeroOptimizer) else None
+
+
+def _stage(config):
+    """The validated stage (the section model also reads the legacy boolean form); 0 when the
+    config has no ``zero_optimization`` section."""
+    if not config.has_section("zero_optimization"):
+        return 0
+    return int(config.section("zero_optimization").stage)
 
 
 def _offload_device(zero_config):
@@ -57,22 +67,6 @@ def _check_offload_optimizer(config, zero_config, name):
                 f"is not a DeepSpeed CPU optimizer (DeepSpeedCPUAdam/Adagrad/Lion), which would "
                 f"be much slower; configure the optimizer in the 'optimizer' section, or set "
                 f"\"zero_force_ds_cpu_optimizer\": false to use {name} anyway")
-
-
-def _warn_without_effect(zero_config):
-    """Keys that only tune how upstream's CUDA implementation copies or initialises, with
-    nothing to tune in this one: accepted, and said once, so nobody measures a difference that
-    cannot be there."""
-    idle = []
-    if zero_config.round_robin_gradients:
-        idle.append("round_robin_gradients (gradients already reach each rank's partition by "
-                    "one reduce-scatter per bucket)")
-    offload = zero_config.offload_optimizer
-    if offload is not None and getattr(offload, "fast_init", False):
-        idle.append("offload_optimizer.fast_init (NVMe optimizer state is written once, "
-                    "directly, at initialisation)")
-    if idle:
-        logger.warning("zero_optimization: " + "; ".join(idle) + " have no effect here")
 
 
 def _warn_unimplemented(zero_config):
@@ -151,7 +145,7 @@ class ZeroPlugin(DeepSpeedPlugin):
     enabled_by = "zero_optimization.stage > 0"
 
     def is_enabled(self, config, sections):
-        return config.zero_optimization_stage > 0
+        return _stage(config) > 0
 
     def _zero_config(self, config):
         return config.section("zero_optimization")
@@ -168,10 +162,26 @@ class ZeroPlugin(DeepSpeedPlugin):
                              "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
         self.coordinator = None
         _warn_unimplemented(self._zero_config(config))
-        _warn_without_effect(self._zero_config(config))
-        if config.zero_optimization_stage >= 3:
+        if _stage(config) >= 3:
             self.coordinator = setup_stage3(engine, self._zero_config(config),
                                             self._aio_config(config).handle_kwargs())
+            # an engine dropped without destroy() must not leave its patches behind either
+            weakref.finalize(engine, self.coordinator.remove)
+
+    @hookimpl
+    def deepspeed_sharding(self, engine):
+        zero_config = self._zero_config(engine.config)
+        return Sharding(stage=int(zero_config.stage),
+                        gathers_16bit_weights_on_save=bool(
+                            zero_config.gather_16bit_weights_on_model_save))
+
+    @hookimpl
+    def deepspeed_optimizer_device(self, engine):
+        """ZeRO-Offload steps the optimizer on the host (NVMe swaps host buffers too), so the
+        core builds DeepSpeed's CPU optimizer for it."""
+        if _offload_device(self._zero_config(engine.config)) is OffloadDeviceEnum.none:
+            return None
+        return "cpu"
 
     @hookimpl
     def deepspeed_engine_destroy(self, engine):
@@ -230,12 +240,17 @@ class ZeroPlugin(DeepSpeedPlugin):
         return True
 
     @hookimpl
-    def deepspeed_save_checkpoint(self, engine, state):
+    def deepspeed_save_checkpoint(self, engine, save_dir, state):
         optimizer = _zero_optimizer(engine)
         if optimizer is None:
             return
         from collections import OrderedDict
 
+        from deepspeed.zero.checkpointing import copy_zero_to_fp32
+
+        # inside the save's all-ranks phase: a failed copy on any rank fails the save before
+        # 'latest' moves
+        copy_zero_to_fp32(engine, save_dir)
         names = optimizer.param_names
         state["frozen_param_shapes"] = OrderedDict(
             (n, torch.Size(getattr(p, "ds_shape", p.shape)))

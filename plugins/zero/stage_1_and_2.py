@@ -23,6 +23,7 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.hooks import PARAM_STATE_ACCESS
 from deepspeed.precision import OptimizerFace
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
@@ -66,7 +67,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         self.partitioned_params = [layout.params for layout in self.layouts]
         for params in self.partitioned_params:
             for param in params:
-                param._ds_optimizer = self  # for deepspeed.utils.safe_get_full_* and friends
+                setattr(param, PARAM_STATE_ACCESS, self)  # deepspeed.utils.safe_get_full_*
 
         device = next((b.device for layout in self.layouts for b in layout.buckets),
                       torch.device(get_accelerator().current_device_name()))
@@ -228,6 +229,11 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
 
     def master_params(self):
         return self.all_chunks
+
+    def model_param_of(self, stepped):
+        """Flat partitions stand for no single parameter (universal checkpoints load through
+        this plugin's own reader)."""
+        return None
 
     def optimizer_step(self):
         """Step this rank's partition and cast it into the model's buckets."""

@@ -11,7 +11,7 @@ from deepspeed.utils.logging import logger
 
 class FakeAccelerator:
     def __init__(self, name, count, device_type=None):
-        self._name = name
+        self.name = name
         self._count = count
         self._device_type = device_type or name
 

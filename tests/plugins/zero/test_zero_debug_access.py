@@ -3,8 +3,10 @@ against single-process AdamW on the global batch."""
 import pytest
 import torch
 
-from zero_models import (CLIP, LR, MICRO, full_params, make_data, make_model, micro_batch,
-                         param_groups)
+from deepspeed.hooks import PARAM_STATE_ACCESS
+
+from zero_models import (CLIP, LR, MICRO, assert_offloaded, assert_on_engine_device,
+                         full_params, make_data, make_model, micro_batch, param_groups, placement)
 
 STEPS = 2  # steps before the checks; one more step follows the setters
 KEYS = ("exp_avg", "exp_avg_sq")
@@ -100,6 +102,8 @@ def _run_debug_access(stage, zero):
                   full_params(model)["a.weight"])  # what the next forward would use
     engine.step()
     out["after"] = {n: safe_get_full_fp32_param(p) for n, p in trained}
+    if zero.get("offload_optimizer", {}).get("device") != "nvme":  # NVMe: masters are on disk
+        out["placement"] = placement(engine)
     return out
 
 
@@ -113,6 +117,8 @@ def _gather_local(results, key, name):
 def test_getters_and_setters_match_reference(dist_pool, stage, world):
     results = dist_pool.run(_run_debug_access, world_size=world, args=(stage, {}))
     _check(results, reference(world))
+    for r in results:
+        assert_on_engine_device(r["placement"])
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -120,6 +126,8 @@ def test_cpu_offload_matches_reference(dist_pool, stage):
     zero = {"offload_optimizer": {"device": "cpu"}, "sub_group_size": 9}
     results = dist_pool.run(_run_debug_access, world_size=2, args=(stage, zero))
     _check(results, reference(2))
+    for r in results:  # the accessors above read and wrote these host-side masters
+        assert_offloaded(r["placement"], pinned=False)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -188,7 +196,7 @@ def _run_local_setters(stage):
     if stage == 3:
         model_fragment = weight.ds_tensor.narrow(0, 0, size).clone()
     else:
-        start = weight._ds_optimizer.fragment_of(weight).start
+        start = getattr(weight, PARAM_STATE_ACCESS).fragment_of(weight).start
         model_fragment = weight.detach().reshape(-1).narrow(0, start, size).clone()
     return size, master, state, model_fragment
 

@@ -3,7 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zero_models import MICRO, full_params
+from tiny_models import mlp
+from zero_models import MICRO, assert_offloaded, assert_on_engine_device, full_params, placement
 
 LR = 1e-2
 STEPS = 3
@@ -68,7 +69,14 @@ def _train_tied(zero):
         engine.backward(_tied_loss(engine, idx[start:start + MICRO], target[start:start + MICRO]))
         engine.step()
     placeholders = all(p.numel() == 0 for p in engine.module.parameters())
-    return full_params(engine.module), placeholders
+    return full_params(engine.module), placeholders, engine
+
+
+def _train_tied_and_place(zero):
+    """``_train_tied``, reporting where the masters and the parameter shards live."""
+    params, placeholders, engine = _train_tied(zero)
+    shards = {p.ds_tensor.device.type for p in engine.module.parameters()}
+    return params, placeholders, placement(engine), shards
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -77,15 +85,21 @@ def _train_tied(zero):
                          ids=["plain", "cpu-offload"])
 def test_tied_weight_and_module_called_twice(dist_pool, world, zero):
     expected = _tied_reference(world)
-    for params, placeholders in dist_pool.run(_train_tied, world_size=world, args=(zero,)):
+    for params, placeholders, where, shards in dist_pool.run(_train_tied_and_place,
+                                                             world_size=world, args=(zero,)):
         assert placeholders  # between steps every parameter is only a shard
+        if zero:  # offload_param too: the parameter shards wait on the host
+            assert_offloaded(where, pinned=False, params_offloaded=True)
+            assert shards == {"cpu"}
+        else:
+            assert_on_engine_device(where)
+            assert shards == {where["engine"]}
         for name, want in expected.items():
             torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6, msg=name)
 
 
 def _mlp():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(9, 14), torch.nn.ReLU(), torch.nn.Linear(14, 3))
+    return mlp(9, 14, 3)
 
 
 def _comm_per_step():
@@ -303,7 +317,7 @@ def _nvme_both(path, max_in_cpu):
     config_zero = {"offload_param": {"device": "nvme", "nvme_path": path,
                                      "max_in_cpu": max_in_cpu},
                    "offload_optimizer": {"device": "nvme", "nvme_path": path}}
-    params, placeholders = _train_tied(config_zero)
+    params, placeholders, _ = _train_tied(config_zero)
     files = [f for _, _, names in os.walk(os.path.join(path, "zero_stage_3_params"))
              for f in names]
     return params, placeholders, len(files)
@@ -513,3 +527,27 @@ def test_destroy_detaches_zero3_from_torch(dist_pool):
         assert counted == 2 and patched and still_patched
         assert released and restored  # torch's own __getattr__ back once no engine needs it
         assert hooks == 0 and grad_hooks == 0
+
+
+def _dropped_engine_releases_the_watch():
+    import gc
+
+    import deepspeed
+    from deepspeed.zero.stage3 import _ATTRIBUTE_WATCH
+
+    users = _ATTRIBUTE_WATCH["users"]
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3}}
+    engine, *_ = deepspeed.initialize(model=_mlp(), config=config)
+    engine.backward(engine(torch.randn(MICRO, 9)).pow(2).mean())
+    engine.step()
+    held = _ATTRIBUTE_WATCH["users"] - users
+    del engine
+    gc.collect()
+    return held, _ATTRIBUTE_WATCH["users"] - users
+
+
+def test_an_engine_dropped_without_destroy_releases_the_attribute_watch(dist_pool):
+    for held, after in dist_pool.run(_dropped_engine_releases_the_watch):
+        assert (held, after) == (1, 0)
