@@ -65,11 +65,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     dist.init_distributed(distributed_port=distributed_port,
                           dist_init_required=dist_init_required)
     catalog = PluginCatalog()
+    choice, owner = catalog.engine_choice(model)  # e.g. the pipe plugin claims a PipelineModule
+    engine_class = DeepSpeedEngine if choice is None else choice.engine_class
+    if mpu is None and choice is not None:
+        mpu = choice.mpu
     ds_config = DeepSpeedConfig(source, mpu, sections=catalog.sections)
-    plugins = catalog.enabled_manager(ds_config)
-    engine = DeepSpeedEngine(model, ds_config, plugins, optimizer=optimizer,
-                             model_parameters=model_parameters, lr_scheduler=lr_scheduler,
-                             mpu=mpu, training_data=training_data, collate_fn=collate_fn)
+    plugins = catalog.enabled_manager(ds_config, also=[owner] if owner else [])
+    engine = engine_class(model, ds_config, plugins, optimizer=optimizer,
+                          model_parameters=model_parameters, lr_scheduler=lr_scheduler,
+                          mpu=mpu, training_data=training_data, collate_fn=collate_fn)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 

@@ -5,10 +5,11 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - A plugin implements a hook by defining a function of the same name decorated with
   ``@deepspeed.hookimpl``. It may accept any *subset* of the arguments listed here, so new
   arguments can be added to a hook without breaking existing plugins.
-- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). The two
+- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Three
   exceptions are asked of every installed plugin because no engine exists when they are needed:
   ``deepspeed_config_sections`` (the config has to be validated before anyone knows which
-  plugins it enables) and ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
+  plugins it enables), ``deepspeed_engine_for_model`` (a model may need a plugin's engine, which
+  the config cannot say) and ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
   engine).
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
@@ -45,6 +46,26 @@ def deepspeed_config_sections():
     of its sections is present in the user's config and, if the section has an ``enabled``
     field, that field is true. Two plugins claiming the same key is an error naming both.
     """
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """A plugin's answer to ``deepspeed_engine_for_model``."""
+
+    engine_class: type  # a ``deepspeed.engine.DeepSpeedEngine`` subclass
+    # the model's own process-group layout (an ``mpu``: ``get_data_parallel_group()`` ...), used
+    # for the config's batch arithmetic and by the engine when the caller passed none
+    mpu: Any = None
+
+
+@hookspec(firstresult=True)
+def deepspeed_engine_for_model(model):
+    """Claim ``model``: return an ``EngineChoice`` when this plugin's engine must drive it (a
+    ``PipelineModule`` gets the ``PipelineEngine``), None otherwise; first result wins.
+
+    Asked of every *installed* plugin by ``deepspeed.initialize`` before the config is
+    validated, because what a model needs cannot be read from the config. The plugin that
+    answers is enabled for that engine whatever its config sections say."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,6 +452,6 @@ def check_implements(obj, protocol, source):
 
 
 __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + [
-    "hookspec", "hookimpl", "PROJECT_NAME", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
+    "hookspec", "hookimpl", "PROJECT_NAME", "EngineChoice", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
     "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor", "CommsLogger",
     "PARAM_STATE_ACCESS", "ParamStateAccess", "check_implements"]

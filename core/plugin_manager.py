@@ -134,6 +134,16 @@ class PluginCatalog:
         ``deepspeed_comms_logger``), which run before or without any engine."""
         return self._all.hook
 
+    def engine_choice(self, model):
+        """``(EngineChoice, plugin name)`` of the installed plugin that claims ``model``
+        (``deepspeed_engine_for_model``), or ``(None, None)``."""
+        # pluggy's call order (last registered first), so the answer is the hook call's
+        for impl in reversed(self._all.hook.deepspeed_engine_for_model.get_hookimpls()):
+            choice = impl.function(model=model)
+            if choice is not None:
+                return choice, impl.plugin_name
+        return None, None
+
     def sections_of(self, name):
         return [key for key, owner in self.owners.items() if owner == name]
 
@@ -153,9 +163,11 @@ class PluginCatalog:
                 enabled.append(name)
         return enabled
 
-    def enabled_manager(self, config):
-        """A fresh ``pluggy.PluginManager`` holding only the plugins ``config`` enables."""
+    def enabled_manager(self, config, also=()):
+        """A fresh ``pluggy.PluginManager`` holding only the plugins ``config`` enables, and
+        those named in ``also`` (the plugin whose engine drives the model)."""
         names = self.enabled_names(config)
+        names += [name for name in also if name not in names]
         check_compatibility({n: self.plugins[n] for n in names})
         pm = new_hook_manager()
         for name in names:

@@ -1,6 +1,7 @@
 """Small shared helpers (`deepspeed.utils`)."""
 import importlib
 from deepspeed.utils.logging import log_dist, logger
+from deepspeed.utils.repeating_loader import RepeatingLoader
 from deepspeed.utils.tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad,
                                              safe_get_full_optimizer_state,
                                              safe_get_local_fp32_param, safe_get_local_grad,
@@ -13,7 +14,7 @@ from deepspeed.utils.z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_mod
                                             unset_z3_leaf_modules, z3_leaf_module,
                                             z3_leaf_parameter)
 
-__all__ = ["logger", "log_dist", "safe_get_full_fp32_param", "safe_get_full_grad",
+__all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", "safe_get_full_grad",
            "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
            "safe_set_full_optimizer_state", "safe_get_local_fp32_param", "safe_get_local_grad",
            "safe_get_local_optimizer_state", "safe_set_local_fp32_param",
