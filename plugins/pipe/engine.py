@@ -1,0 +1,379 @@
+"""``PipelineEngine``: the engine ``deepspeed.initialize`` returns for a ``PipelineModule``.
+
+One ``train_batch()`` runs ``gradient_accumulation_steps`` micro-batches through this rank's
+stage following ``TrainSchedule`` (synchronous 1F1B): each step of the schedule is a short list
+of instructions, executed by the ``_exec_*`` method of the same name. Activations and their
+gradients move between adjacent stages through ``p2p.StageLink``; gradients are reduced over the
+stage's data-parallel group by the core (or ZeRO-1 through its hook), tied weights over the
+stages sharing them, and the optimizer steps through ``DeepSpeedEngine.step`` at the end. So the
+precision policies, LR schedules, ZeRO-1, monitors and checkpoints of the base engine work
+unchanged; only ``forward`` / ``backward`` / ``step`` are closed to the user
+(``PipelineError``), as upstream.
+
+The returned loss is the mean of the batch's micro-batch losses, averaged over the data-parallel
+replicas and broadcast from the last stage to every stage of the pipeline.
+"""
+import math
+import time
+
+import torch
+
+from deepspeed import comm as dist
+from deepspeed.engine import DeepSpeedEngine
+from deepspeed.pipe import schedule
+from deepspeed.pipe.p2p import PipelineError, StageLink
+from deepspeed.utils.logging import log_dist
+from deepspeed.utils.repeating_loader import RepeatingLoader
+
+TRAIN_LOSS = "Train/Samples/train_loss"
+EVAL_LOSS = "Train/Samples/eval_loss"
+ONLY_TRAIN_BATCH = "Only train_batch() is accessible in pipeline mode."
+
+
+def check_pipeline_compatible(engine):
+    """The documented refusal (upstream's text), before anything is partitioned."""
+    assert engine.sharding.stage < 2, \
+        "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+
+
+class PipelineEngine(DeepSpeedEngine):
+    """A training engine for hybrid pipeline and data parallelism (upstream's signature:
+    ``PipelineEngine(has_bool_tensors=False, *super_args, **super_kwargs)``; tensors of any
+    dtype, bool included, cross stages here, so the flag changes nothing)."""
+
+    def __init__(self, *super_args, has_bool_tensors=False, **super_kwargs):
+        super().__init__(*super_args, **super_kwargs)
+        check_pipeline_compatible(self)
+        self.grid = self.module.mpu()
+        self.stage_id = self.grid.get_stage_id()
+        self.num_stages = self.grid.get_pipe_parallel_world_size()
+        self.micro_batch_size = self.train_micro_batch_size_per_gpu()
+        self.micro_batches = self.config.gradient_accumulation_steps
+        prev_rank = self.grid.stage_to_global(self.stage_id - 1) if self.stage_id > 0 else None
+        next_rank = (self.grid.stage_to_global(self.stage_id + 1)
+                     if self.stage_id < self.num_stages - 1 else None)
+        self.link = StageLink(prev_rank, next_rank, device=self.device)
+        self.last_stage_rank = self.grid.stage_to_global(self.num_stages - 1)
+        self.pipe_group = self.grid.get_pipe_parallel_group()
+        self.data_iterator = None
+        self.batch_fn = None
+        self._boundary = False
+        self.agg_train_loss = None
+        self.agg_eval_loss = None
+        self._batch_started = None
+        if self.training_dataloader is not None:
+            self.set_dataiterator(iter(RepeatingLoader(self.training_dataloader)))
+
+    # ------------------------------------------------------------------ closed to the user
+    def forward(self, *args, **kwargs):
+        raise PipelineError(ONLY_TRAIN_BATCH)
+
+    def backward(self, *args, **kwargs):
+        raise PipelineError(ONLY_TRAIN_BATCH)
+
+    def step(self, *args, **kwargs):
+        raise PipelineError(ONLY_TRAIN_BATCH)
+
+    # ------------------------------------------------------------------ queries and setters
+    def is_first_stage(self):
+        return self.stage_id == 0
+
+    def is_last_stage(self):
+        return self.stage_id == self.num_stages - 1
+
+    def is_gradient_accumulation_boundary(self):
+        """True only while a ReduceGrads or OptimizerStep instruction runs: the schedule, not
+        a micro-step count, decides when gradients are reduced and the optimizer steps."""
+        return self._boundary
+
+    def gradient_accumulation_steps(self):
+        # the base engine asks during its __init__, before this engine counts micro-batches
+        return self.__dict__.get("micro_batches") or self.config.gradient_accumulation_steps
+
+    def train_batch_size(self):
+        return (self.train_micro_batch_size_per_gpu() * self.gradient_accumulation_steps()
+                * self.dp_world_size)
+
+    def set_train_batch_size(self, train_batch_size):
+        """Change the global batch by changing the number of micro-batches."""
+        per_micro = self.micro_batch_size * self.dp_world_size
+        if train_batch_size % per_micro != 0:
+            raise ValueError(f"Train batch size must be divisible by micro-batch data "
+                             f"parallelism: {train_batch_size} is not a multiple of micro batch "
+                             f"{self.micro_batch_size} x data parallel {self.dp_world_size}")
+        self.micro_batches = train_batch_size // per_micro
+        self.throughput.batch_size = self.train_batch_size()
+
+    def set_dataiterator(self, iterator):
+        """Only the first stage (inputs) and the last (labels) read data."""
+        if self.is_first_stage() or self.is_last_stage():
+            self.data_iterator = iterator
+
+    def set_batch_fn(self, fn):
+        """``fn(batch)`` post-processes every loaded batch."""
+        self.batch_fn = fn
+
+    def reset_activation_shape(self):
+        """Call on every rank when activation shapes change (e.g. a new sequence length)."""
+        self.link.reset()
+
+    # ------------------------------------------------------------------ train / eval
+    def train_batch(self, data_iter=None):
+        """Train on one global batch; returns the mean loss (same tensor on every rank)."""
+        if not torch.is_grad_enabled():
+            raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() "
+                               "instead.")
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)
+        self.module.train()
+        self._batch_started = time.time()
+        self._start_batch(training=True)
+        self._fetch_batch(self.micro_batches)
+        steps = schedule.TrainSchedule(micro_batches=self.micro_batches,
+                                       stages=self.num_stages, stage_id=self.stage_id)
+        self._run(steps)
+        return self.agg_train_loss
+
+    def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
+                   bcast_loss=True, num_micro_batches=None):
+        """Evaluate one global batch without gradients; returns the mean loss (and, with
+        ``return_logits``, the last stage's outputs)."""
+        if reduce_output not in ("avg", None):
+            raise NotImplementedError(f"reduce_output={reduce_output!r}: only 'avg' or None")
+        dist.barrier()
+        saved_iterator, was_training = self.data_iterator, self.module.training
+        self.set_dataiterator(data_iter)
+        self.module.eval()
+        self._start_batch(training=False, compute_loss=compute_loss)
+        steps = schedule.InferenceSchedule(micro_batches=self.micro_batches,
+                                           stages=self.num_stages, stage_id=self.stage_id)
+        try:
+            self._fetch_batch(self.micro_batches)
+            with torch.no_grad():
+                self._run(steps)
+        finally:
+            self.data_iterator = saved_iterator
+            self.module.train(was_training)
+        loss = self._eval_result(reduce_output, bcast_loss,
+                                 num_micro_batches or self.micro_batches)
+        self.agg_eval_loss = loss
+        monitor = self.monitor
+        if (monitor is not None and torch.is_tensor(loss) and dist.get_rank() == 0):
+            monitor.write_events([(EVAL_LOSS, float(loss), self.global_samples)])
+        if return_logits:
+            return loss, (self._outputs_kept if self.is_last_stage() else None)
+        return loss
+
+    # ------------------------------------------------------------------ the schedule's steps
+    def _start_batch(self, training, compute_loss=True):
+        count = self.micro_batches if training else 2
+        self.inputs, self.labels = [None] * count, [None] * count
+        self.outputs, self.grads = [None] * count, [None] * count
+        self.losses = []
+        self._outputs_kept = []
+        self._training, self._compute_loss = training, compute_loss
+        self._loaded = 0
+
+    def _run(self, steps):
+        for step in steps:
+            for instruction in step:
+                getattr(self, f"_exec_{_snake(type(instruction).__name__)}")(instruction)
+
+    def _fetch_batch(self, count):
+        """Read this batch's ``count`` micro-batches before any stage communicates, and agree
+        over the pipeline on whether they were there: a stage that runs out of data must not
+        leave the others blocked in a send. StopIteration at the first micro-batch (the data
+        ended between batches, as upstream), a PipelineError naming the counts mid-batch."""
+        self._batch_data, got = [], count
+        if self.is_first_stage() or self.is_last_stage():
+            if self.data_iterator is None:
+                raise PipelineError("no data: pass data_iter to train_batch/eval_batch, "
+                                    "training_data to deepspeed.initialize, or call "
+                                    "set_dataiterator()")
+            for index in range(count):
+                try:
+                    batch = next(self.data_iterator)
+                except StopIteration:
+                    got = index
+                    break
+                self._batch_data.append(self.batch_fn(batch) if self.batch_fn else batch)
+        status = torch.tensor([0 if got == count else (1 if got == 0 else 2)])
+        if self.num_stages > 1:
+            dist.all_reduce(status, op=dist.ReduceOp.MAX, group=self.pipe_group)
+        if status.item() == 1:
+            raise StopIteration
+        if status.item() == 2:
+            where = (f"the data iterator ran out after {got} of {count} micro-batches"
+                     if got < count else "another stage's data iterator ran out")
+            raise PipelineError(f"{where} of this batch (a batch reads gradient_accumulation_steps"
+                                f" = {count} micro-batches)")
+
+    def _exec_load_micro_batch(self, instruction):
+        batch = self._batch_data[self._loaded]
+        self._loaded += 1
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise PipelineError(f"a pipeline batch must be (inputs, labels), got "
+                                f"{type(batch).__name__}"
+                                f"{f' of length {len(batch)}' if hasattr(batch, '__len__') else ''}")
+        slot = instruction.buffer_id
+        if self.is_first_stage():
+            self.inputs[slot] = _to(batch[0], self.device, self._input_dtype())
+        if self.is_last_stage():
+            self.labels[slot] = _to(batch[1], self.device)
+
+    def _input_dtype(self):
+        """Floating inputs enter the first stage in the training dtype (bf16 / fp16)."""
+        first = next(self.module.parameters(), None)
+        return first.dtype if first is not None else None
+
+    def _exec_forward_pass(self, instruction):
+        slot = instruction.buffer_id
+        self.hook.deepspeed_before_forward(engine=self, args=(self.inputs[slot],), kwargs={})
+        outputs = self.module(self.inputs[slot])
+        self.hook.deepspeed_after_forward(engine=self, output=outputs)
+        if not self.is_last_stage():
+            self.outputs[slot] = outputs
+            return
+        if not self._training:
+            self._outputs_kept.append(outputs)
+        loss_fn = self.module.loss_fn
+        if self._compute_loss and loss_fn is not None:
+            loss = loss_fn(outputs, self.labels[slot])
+        else:
+            loss = outputs
+        self.outputs[slot] = loss
+        self.losses.append(loss.detach() if torch.is_tensor(loss) else loss)
+
+    def _exec_backward_pass(self, instruction):
+        slot = instruction.buffer_id
+        if self.is_last_stage():
+            loss = self.outputs[slot]
+            if self.micro_batches > 1:
+                loss = loss / self.micro_batches
+            self.precision.scale_loss(loss).backward()
+        else:
+            outputs = self.outputs[slot]
+            tensors = [t for t in ((outputs,) if torch.is_tensor(outputs) else outputs)
+                       if t.requires_grad and t.is_floating_point()]
+            torch.autograd.backward(tensors=tensors, grad_tensors=self.grads[slot])
+        self.precision.accumulate_micro_grads()
+        self.outputs[slot], self.grads[slot] = None, None
+
+    def _exec_send_activation(self, instruction):
+        self.link.send_activations(self.outputs[instruction.buffer_id])
+        if not self._training:
+            self.outputs[instruction.buffer_id] = None
+
+    def _exec_recv_activation(self, instruction):
+        self.inputs[instruction.buffer_id] = self.link.recv_activations()
+
+    def _exec_send_grad(self, instruction):
+        self.link.send_grads(self.inputs[instruction.buffer_id])
+        self.inputs[instruction.buffer_id] = None
+
+    def _exec_recv_grad(self, instruction):
+        slot = instruction.buffer_id
+        self.grads[slot] = self.link.recv_grads(self.outputs[slot])
+
+    def _exec_reduce_tied_grads(self, instruction):
+        self.module.allreduce_tied_weight_gradients()
+
+    def _exec_reduce_grads(self, instruction):
+        self.agg_train_loss = self._aggregate_loss(self.losses, self.micro_batches)
+        self._boundary = True
+        try:
+            if not self.hook.deepspeed_reduce_gradients(engine=self):
+                self.allreduce_gradients()
+        finally:
+            self._boundary = False
+
+    def _exec_optimizer_step(self, instruction):
+        # monitors read the batch loss from after_backward, as for the base engine
+        self.hook.deepspeed_after_backward(engine=self, loss=self.agg_train_loss)
+        self._boundary = True
+        try:
+            DeepSpeedEngine.step(self)
+        finally:
+            self._boundary = False
+
+    # ------------------------------------------------------------------ losses
+    def _aggregate_loss(self, losses, count):
+        """Mean over micro-batches and data-parallel replicas, broadcast along the pipe."""
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        if self.is_last_stage():
+            loss = torch.stack([torch.as_tensor(v, dtype=torch.float32).reshape(())
+                                for v in losses]).sum() / count
+            if self.dp_world_size > 1:
+                dist.all_reduce(loss, group=self.dp_group)
+                loss /= self.dp_world_size
+        if self.num_stages > 1:
+            dist.broadcast(loss, src=self.last_stage_rank, group=self.pipe_group)
+        return loss
+
+    def _eval_result(self, reduce_output, bcast_loss, count):
+        if reduce_output is None:
+            return list(self.losses) if self.is_last_stage() else None
+        if bcast_loss:
+            return self._aggregate_loss(self.losses, count)
+        if not self.is_last_stage():
+            return None
+        loss = torch.stack([v.float().reshape(()) for v in self.losses]).sum() / count
+        if self.dp_world_size > 1:
+            dist.all_reduce(loss, group=self.dp_group)
+            loss /= self.dp_world_size
+        return loss
+
+    # ------------------------------------------------------------------ clipping, progress
+    def _clip_gradients(self):
+        """Clip by the norm over every stage's gradients (tied weights counted once)."""
+        clip = self.config.gradient_clipping
+        if not clip or clip <= 0:
+            return
+        if self.num_stages == 1:
+            return super()._clip_gradients()
+        if self.sharding.stage > 0:
+            raise NotImplementedError(
+                "gradient_clipping with ZeRO stage 1 inside a pipeline of more than one stage "
+                "is not implemented yet; set gradient_clipping 0 or zero_optimization.stage 0")
+        counted = self._grads_for_norm()
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for grad in counted:
+            squares += grad.detach().float().pow(2).sum()
+        dist.all_reduce(squares, group=self.pipe_group)
+        total = math.sqrt(float(squares))
+        coef = clip / (total + 1e-6)
+        if coef < 1:
+            grads = [m.grad for m in self.precision.master_params() if m.grad is not None]
+            torch._foreach_mul_(grads, coef)
+        self._global_grad_norm = total
+
+    def _grads_for_norm(self):
+        """This stage's gradients, without the copies of tied weights held by a stage other
+        than the lowest one sharing them (their reduced gradients are equal everywhere)."""
+        model_of = self.precision.model_param_of
+        return [m.grad for m in self.precision.master_params()
+                if m.grad is not None
+                and not getattr(model_of(m), "ds_pipe_replicated", False)]
+
+    def _report_progress(self):
+        every = self.config.steps_per_print
+        if not every or self.global_steps % every:
+            return
+        elapsed = time.time() - self._batch_started if self._batch_started else float("nan")
+        loss = float(self.agg_train_loss) if self.agg_train_loss is not None else float("nan")
+        log_dist(f"steps: {self.global_steps} loss: {loss:0.4f} iter time (s): {elapsed:0.3f} "
+                 f"samples/sec: {self.train_batch_size() / elapsed:0.3f}", ranks=[0])
+
+
+def _snake(name):
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+
+
+def _to(value, device, float_dtype=None):
+    if torch.is_tensor(value):
+        if float_dtype is not None and value.is_floating_point():
+            return value.to(device=device, dtype=float_dtype)
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return tuple(_to(v, device, float_dtype) for v in value)
+    return value
