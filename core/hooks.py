@@ -258,20 +258,40 @@ def deepspeed_save_checkpoint(engine, save_dir, tag, checkpoint_dir, state,
     ``checkpoint_dir/mp_rank_XX_model_states.pt`` (``checkpoint_dir`` is ``save_dir/tag``): add
     your entries to it (tensors and plain values only: the file is loaded with
     ``weights_only=True``; keys must not clash with the user's ``client_state``), or write
-    per-rank files into ``checkpoint_dir`` with ``deepspeed.checkpoint.atomic_torch_save``. An
-    exception on any rank fails the save on all ranks and leaves ``latest`` unchanged.
-    Return value ignored.
+    per-rank files into ``checkpoint_dir`` with ``deepspeed.checkpoint.atomic_torch_save``. A
+    plugin that writes the weights into files of its own may set ``state["module"] = None``
+    (and then loads them in ``deepspeed_load_module_state``). An exception on any rank fails
+    the save on all ranks and leaves ``latest`` unchanged. Return value ignored.
     """
 
 
 @hookspec(firstresult=True)
-def deepspeed_load_module_state(engine, state_dict, strict):
-    """Load the checkpoint's module weights yourself (first result wins), for plugins whose
-    module holds only shards (ZeRO-3).
+def deepspeed_model_states_file(engine, checkpoint_dir):
+    """The model-states file this rank reads in ``load_checkpoint`` (first result wins), for
+    plugins whose checkpoints may be loaded with another model-parallel layout than they were
+    saved with: a pipeline saved with 2 stages has no ``mp_rank_02_model_states.pt`` for the
+    third stage of 4, which then reads stage 0's file (its counters, scheduler and config are
+    the same on every stage; the weights come from the plugin's own files).
 
-    Called on every rank by ``load_checkpoint`` with the saved ``module`` entry. Return the
+    Called on every rank with ``checkpoint_dir`` (``load_dir/tag``). Return the path of an
+    existing file, or None to let the core read
+    ``checkpoint_dir/mp_rank_<model-parallel rank:02d>_model_states.pt``.
+    """
+
+
+@hookspec(firstresult=True)
+def deepspeed_load_module_state(engine, state_dict, strict, checkpoint_dir, state):
+    """Load the checkpoint's module weights yourself (first result wins), for plugins whose
+    module holds only shards (ZeRO-3) or whose weights live in their own files (a pipeline's
+    per-layer ``layer_XX-model_states.pt``, saved with ``module: None`` in the model-states
+    file).
+
+    Called on every rank by ``load_checkpoint`` (unless ``custom_load_fn`` was given) with the
+    saved ``module`` entry (None when a plugin stored the weights elsewhere), the checkpoint's
+    directory ``checkpoint_dir`` and the whole loaded model-states dict ``state``. Return the
     ``(missing_keys, unexpected_keys)`` of the load (the core applies ``strict`` to them) or
-    None to let the core call ``engine.module.load_state_dict``.
+    None to let the core call ``engine.module.load_state_dict`` (an error when ``state_dict``
+    is None).
     """
 
 

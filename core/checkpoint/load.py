@@ -1,8 +1,11 @@
 """``load_checkpoint``: put a saved engine state back, on every rank.
 
-Order: module weights, then (unless ``load_module_only``) optimizer, LR scheduler, counters and
-this rank's RNG, then the plugins' ``deepspeed_load_checkpoint`` hook, which sees the restored
-engine and the loaded model-states dict. Files are read with ``weights_only=True``.
+The file read is ``mp_rank_<model-parallel rank>_model_states.pt`` unless a plugin names
+another (``deepspeed_model_states_file``: a pipeline loaded with more stages than it was saved
+with). Order: module weights (a plugin may load them from its own files through
+``deepspeed_load_module_state``), then (unless ``load_module_only``) optimizer, LR scheduler,
+counters and this rank's RNG, then the plugins' ``deepspeed_load_checkpoint`` hook, which sees
+the restored engine and the loaded model-states dict. Files are read with ``weights_only=True``.
 """
 import os
 
@@ -15,23 +18,32 @@ from deepspeed.checkpoint.rng import restore_rng_state
 from deepspeed.utils.logging import log_dist, logger
 
 
-def _load_module(engine, state, strict, custom_load_fn):
+def _no_module_entry():
+    return KeyError("the checkpoint has no 'module' entry (model weights) and no enabled "
+                    "plugin loaded the weights from its own files; it is not a model-states "
+                    "file, or it was saved by a plugin (e.g. a pipeline's per-layer files) that "
+                    "is not enabled now")
+
+
+def _load_module(engine, checkpoint_dir, state, strict, custom_load_fn):
     weights = state.get("module")
-    if weights is None:
-        raise KeyError("the checkpoint has no 'module' entry (model weights); it is not a "
-                       "model-states file")
     if custom_load_fn is not None:
+        if weights is None:
+            raise _no_module_entry()
         custom_load_fn(src=weights, dst=engine.module)
         return
     module = engine.module
     handled = engine.hook.deepspeed_load_module_state(engine=engine, state_dict=weights,
-                                                      strict=strict)
+                                                      strict=strict,
+                                                      checkpoint_dir=checkpoint_dir, state=state)
+    if handled is None and weights is None:
+        raise _no_module_entry()
     missing_keys, unexpected_keys = handled if handled is not None else \
         module.load_state_dict(weights, strict=False)
     if not strict:
         return
     # parameters left out with save_checkpoint(exclude_frozen_parameters=True) are not missing
-    excluded = set(state.get("frozen_param_shapes") or ()) - set(weights)
+    excluded = set(state.get("frozen_param_shapes") or ()) - set(weights or ())
     missing = [k for k in missing_keys if k not in excluded]
     if missing or unexpected_keys:
         raise RuntimeError(
@@ -118,11 +130,13 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True,
             return None, None
     tag = layout.normalize_tag(tag)
     checkpoint_dir = layout.checkpoint_dir_for_load(load_dir, tag)
-    path = layout.required_file(
-        checkpoint_dir, layout.model_states_filename(collective.model_parallel_rank(engine)))
+    path = engine.hook.deepspeed_model_states_file(engine=engine, checkpoint_dir=checkpoint_dir)
+    if path is None:
+        path = layout.required_file(
+            checkpoint_dir, layout.model_states_filename(collective.model_parallel_rank(engine)))
     state = load_file(path)
 
-    _load_module(engine, state, load_module_strict, custom_load_fn)
+    _load_module(engine, checkpoint_dir, state, load_module_strict, custom_load_fn)
     optimizer_restored = (not load_module_only and load_optimizer_states
                           and _load_optimizer(engine, checkpoint_dir, tag, state))
     if not optimizer_restored:

@@ -14,6 +14,7 @@ The returned loss is the mean of the batch's micro-batch losses, averaged over t
 replicas and broadcast from the last stage to every stage of the pipeline.
 """
 import math
+import os
 import time
 
 import torch
@@ -53,6 +54,9 @@ class PipelineEngine(DeepSpeedEngine):
         next_rank = (self.grid.stage_to_global(self.stage_id + 1)
                      if self.stage_id < self.num_stages - 1 else None)
         self.link = StageLink(prev_rank, next_rank, device=self.device)
+        # eval_batch's outputs carry no gradient, so its transfers describe themselves apart:
+        # sharing one description, an eval after a train_batch looked like a changed shape
+        self.eval_link = StageLink(prev_rank, next_rank, device=self.device)
         self.last_stage_rank = self.grid.stage_to_global(self.num_stages - 1)
         self.pipe_group = self.grid.get_pipe_parallel_group()
         self.data_iterator = None
@@ -116,6 +120,7 @@ class PipelineEngine(DeepSpeedEngine):
     def reset_activation_shape(self):
         """Call on every rank when activation shapes change (e.g. a new sequence length)."""
         self.link.reset()
+        self.eval_link.reset()
 
     # ------------------------------------------------------------------ train / eval
     def train_batch(self, data_iter=None):
@@ -158,7 +163,8 @@ class PipelineEngine(DeepSpeedEngine):
                                  num_micro_batches or self.micro_batches)
         self.agg_eval_loss = loss
         monitor = self.monitor
-        if (monitor is not None and torch.is_tensor(loss) and dist.get_rank() == 0):
+        if (monitor is not None and torch.is_tensor(loss) and loss.numel() == 1
+                and dist.get_rank() == 0):
             monitor.write_events([(EVAL_LOSS, float(loss), self.global_samples)])
         if return_logits:
             return loss, (self._outputs_kept if self.is_last_stage() else None)
@@ -260,12 +266,14 @@ class PipelineEngine(DeepSpeedEngine):
         self.outputs[slot], self.grads[slot] = None, None
 
     def _exec_send_activation(self, instruction):
-        self.link.send_activations(self.outputs[instruction.buffer_id])
+        (self.link if self._training else self.eval_link).send_activations(
+            self.outputs[instruction.buffer_id])
         if not self._training:
             self.outputs[instruction.buffer_id] = None
 
     def _exec_recv_activation(self, instruction):
-        self.inputs[instruction.buffer_id] = self.link.recv_activations()
+        link = self.link if self._training else self.eval_link
+        self.inputs[instruction.buffer_id] = link.recv_activations()
 
     def _exec_send_grad(self, instruction):
         self.link.send_grads(self.inputs[instruction.buffer_id])
@@ -313,6 +321,9 @@ class PipelineEngine(DeepSpeedEngine):
     def _eval_result(self, reduce_output, bcast_loss, count):
         if reduce_output is None:
             return list(self.losses) if self.is_last_stage() else None
+        if not self._compute_loss:
+            # no loss: the outputs themselves, averaged on the last stage only (as upstream)
+            return self._mean_outputs(count) if self.is_last_stage() else None
         if bcast_loss:
             return self._aggregate_loss(self.losses, count)
         if not self.is_last_stage():
@@ -322,6 +333,65 @@ class PipelineEngine(DeepSpeedEngine):
             dist.all_reduce(loss, group=self.dp_group)
             loss /= self.dp_world_size
         return loss
+
+    def _mean_outputs(self, count):
+        """The last stage's outputs averaged elementwise over the micro-batches and the
+        data-parallel replicas (a tuple position by position), in fp32."""
+        def mean(values):
+            total = torch.stack([v.detach().float() for v in values]).sum(0) / count
+            if self.dp_world_size > 1:
+                dist.all_reduce(total, group=self.dp_group)
+                total /= self.dp_world_size
+            return total
+
+        if torch.is_tensor(self.losses[0]):
+            return mean(self.losses)
+        return tuple(mean(parts) for parts in zip(*self.losses))
+
+    # ------------------------------------------------------------------ checkpoints
+    # ``save_checkpoint`` writes the layers into their own files (``layer_XX-model_states.pt``,
+    # one per global layer, any number of stages can read them) and stores ``module: None`` in
+    # the model-states file; ``load_checkpoint`` reads them back (see ``deepspeed.pipe.plugin``).
+    _curr_ckpt_path = None  # the checkpoint directory while save/load_checkpoint runs
+
+    def module_state_dict(self, exclude_frozen_parameters=False):
+        """Write this stage's layers into the checkpoint being saved; returns None. Only
+        ``save_checkpoint()`` may call it: elsewhere use ``PipelineModule.save_state_dict()``."""
+        assert self._curr_ckpt_path is not None, \
+            "PipelineEngine expects module_state_dict() to be called from save_checkpoint()"
+        self.module.save_state_dict(self._curr_ckpt_path,
+                                    exclude_frozen_params=exclude_frozen_parameters)
+        return None
+
+    def load_module_state_dict(self, checkpoint, strict=True, custom_load_fn=None,
+                               fetch_z3_params=False):
+        """Load the layers from a checkpoint directory (pipeline models checkpoint per layer):
+        ``checkpoint`` is that directory (``save_dir/tag``), or a loaded model-states dict whose
+        ``module`` is None or a directory (read from the checkpoint being loaded). A dict of
+        weights (``module`` holding them, or the weights themselves) is loaded into the stage's
+        module as the base engine would."""
+        assert custom_load_fn is None, "custom_load_fn not supported w. pipeline parallelism"
+        if isinstance(checkpoint, dict) and "module" in checkpoint:
+            checkpoint = checkpoint["module"]
+        if checkpoint is None:
+            checkpoint = self._curr_ckpt_path
+            assert checkpoint is not None, (
+                "load_module_state_dict(None) reads the checkpoint being loaded; outside "
+                "load_checkpoint() pass the checkpoint directory")
+        if isinstance(checkpoint, dict):
+            return self.module.load_state_dict(checkpoint, strict=strict)
+        self.module.load_state_dir(os.fspath(checkpoint), strict=strict)
+        return None
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False, custom_load_fn=None):
+        assert custom_load_fn is None, "custom_load_fn not supported w. pipeline parallelism"
+        return super().load_checkpoint(
+            load_dir, tag=tag, load_module_strict=load_module_strict,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only)
 
     # ------------------------------------------------------------------ clipping, progress
     def _clip_gradients(self):

@@ -5,10 +5,18 @@ Enabled by the model, not the config: ``deepspeed.initialize`` asks every instal
 exposing one as ``.wrapped``) with its engine class and the module's process grid, which
 then also sizes the config's batch arithmetic (data-parallel size = world / stages). It owns
 the ``pipeline`` config section, whose keys the module's arguments decide.
+
+Checkpoints: ``save_checkpoint`` writes each layer into ``layer_XX-model_states.pt`` (global
+layer index; data-parallel rank 0 of each stage writes its layers) and each stage's
+``mp_rank_XX_model_states.pt`` holds ``module: None`` and ``pipeline_stages``. The weights load
+at any number of stages; the optimizer state only at the number it was saved with.
 """
 from deepspeed.hooks import EngineChoice, hookimpl
 from deepspeed.pipe.config import PipelineConfig
 from deepspeed.plugin_manager import DeepSpeedPlugin
+
+# the model-states file entry recording the number of stages the checkpoint was saved with
+PIPELINE_STAGES_KEY = "pipeline_stages"
 
 
 def _pipeline_module(model):
@@ -41,3 +49,56 @@ class PipePlugin(DeepSpeedPlugin):
         from deepspeed.pipe.engine import check_pipeline_compatible
 
         check_pipeline_compatible(engine)
+
+    # ------------------------------------------------------------------ checkpoints
+    @hookimpl
+    def deepspeed_save_checkpoint(self, engine, checkpoint_dir, state, exclude_frozen_parameters):
+        """The layers go into ``layer_XX-model_states.pt`` (``engine.module_state_dict``);
+        the model-states file keeps ``module: None`` and the number of stages."""
+        engine._curr_ckpt_path = checkpoint_dir
+        try:
+            engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        finally:
+            engine._curr_ckpt_path = None
+        state["module"] = None
+        state[PIPELINE_STAGES_KEY] = int(engine.num_stages)
+
+    @hookimpl
+    def deepspeed_model_states_file(self, engine, checkpoint_dir):
+        """A stage the saved pipeline did not have (4 stages reading a 2-stage save) reads
+        stage 0's file: counters, scheduler and config are the same in every stage's file."""
+        import os
+
+        from deepspeed.checkpoint.collective import model_parallel_rank
+        from deepspeed.checkpoint.layout import model_states_filename
+
+        own = os.path.join(checkpoint_dir, model_states_filename(model_parallel_rank(engine)))
+        first = os.path.join(checkpoint_dir, model_states_filename(0))
+        if not os.path.isfile(own) and os.path.isfile(first):
+            return first
+        return None  # the core's own choice (and its error naming what exists)
+
+    @hookimpl
+    def deepspeed_load_module_state(self, engine, state_dict, strict, checkpoint_dir):
+        if state_dict is not None and not isinstance(state_dict, str):
+            return None  # whole weights (saved by a plain engine): the core loads them
+        engine._curr_ckpt_path = checkpoint_dir
+        try:
+            engine.load_module_state_dict(state_dict, strict=strict)
+        finally:
+            engine._curr_ckpt_path = None
+        return [], []  # load_state_dir applied ``strict`` per layer
+
+    @hookimpl(tryfirst=True)
+    def deepspeed_load_optimizer_state(self, engine, checkpoint_dir, state):
+        """The optimizer state of a stage holds only its layers: refused across pipeline
+        shapes (before any plugin's optimizer files are read); the weights load anyway."""
+        saved = state.get(PIPELINE_STAGES_KEY)
+        if saved is not None and int(saved) != engine.num_stages:
+            raise ValueError(
+                f"checkpoint '{checkpoint_dir}' was saved with {int(saved)} pipeline stages and "
+                f"this engine has {engine.num_stages}: its optimizer states (per stage) cannot "
+                f"be loaded; load with load_optimizer_states=False or load_module_only=True to "
+                f"restore the weights only (they are saved per layer and load at any number of "
+                f"stages)")
+        return None

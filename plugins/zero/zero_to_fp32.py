@@ -5,7 +5,11 @@ Under ZeRO no file holds the model: each data-parallel rank saved only its slice
 master weights (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``), and under ZeRO-3 the model
 states file holds empty placeholders. This module rebuilds an ordinary ``state_dict`` (same keys
 and order as ``model.state_dict()``) from those slices, using the layout the ZeRO plugin records
-next to them, so it needs torch but no process group, config or GPU.
+next to them, so it needs torch but no process group, config or GPU. A pipeline checkpoint
+(ZeRO-1 inside each stage) has one model-states file and one set of rank files per stage
+(``mp_rank_<stage>``); every stage is rebuilt and the results merged under the pipeline's global
+layer names (``3.weight``, ``tied_modules.<key>.weight``), buffers and frozen weights coming from
+the per-layer ``layer_XX-model_states.pt`` files.
 
 A ZeRO save copies this file to ``<save_dir>/zero_to_fp32.py`` so a checkpoint folder converts
 itself, on any machine with torch (``deepspeed.zero.checkpointing.copy_zero_to_fp32``)::
@@ -46,6 +50,9 @@ __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zer
            "convert_zero_checkpoint_to_fp32_state_dict", "LazyTensor", "parse_size", "main"]
 
 LATEST = "latest"
+# a pipeline's model-states files record the number of stages; each stage (model-parallel
+# rank) has its own optimizer files, and the stages' state dicts are merged (global layer names)
+PIPELINE_STAGES = "pipeline_stages"
 MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 OPTIM_FILE_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 SINGLE_FILE_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
@@ -95,17 +102,21 @@ class _ZeroCheckpoint:
     are either opened and dropped per read (lowest memory) or kept open (``keep_open``, for
     many small reads, as lazy tensors do)."""
 
-    def __init__(self, checkpoint_dir, tag=None, keep_open=False):
+    def __init__(self, checkpoint_dir, tag=None, keep_open=False, mp_rank=0):
         self.dir = _tag_dir(checkpoint_dir, tag)
         self.keep_open = keep_open
         self._open = {}
-        model_path = next((os.path.join(self.dir, n) for n in MODEL_STATES_NAMES
+        names = MODEL_STATES_NAMES if mp_rank == 0 else \
+            (f"mp_rank_{mp_rank:02d}_model_states.pt",)
+        model_path = next((os.path.join(self.dir, n) for n in names
                            if os.path.isfile(os.path.join(self.dir, n))), None)
         if model_path is None:
             raise FileNotFoundError(f"can't find model states file in '{self.dir}' (looked for "
-                                    f"{list(MODEL_STATES_NAMES)}); is it a DeepSpeed checkpoint?")
+                                    f"{list(names)}); is it a DeepSpeed checkpoint?")
         self.model_states = _load(model_path)
-        self.optim_paths = _optim_paths(self.dir)
+        if self.model_states.get("module") is None and PIPELINE_STAGES in self.model_states:
+            self.model_states["module"] = _pipeline_layer_entries(self.dir, self.model_states)
+        self.optim_paths = _optim_paths(self.dir, mp_rank)
         first = self._rank_state(0)
         if "layout" not in first or "partition_count" not in first:
             raise ValueError(f"'{self.optim_paths[0]}' has no ZeRO 'layout'/'partition_count': "
@@ -198,20 +209,40 @@ def _tag_dir(checkpoint_dir, tag):
     return path
 
 
-def _optim_paths(tag_dir):
-    by_rank, other_mp = {}, set()
+def _mp_ranks(tag_dir):
+    """The model-parallel ranks that saved ZeRO optimizer files in ``tag_dir``, sorted."""
+    return sorted({int(m.group(2)) for m in map(OPTIM_FILE_RE.match, os.listdir(tag_dir)) if m})
+
+
+def _pipeline_layer_entries(tag_dir, model_states):
+    """A pipeline stage's model-states file holds ``module: None``; its layers are in
+    ``layer_XX-model_states.pt`` (keys local to the layer). The stage's buffers and frozen
+    parameters (named ``<global layer>.<key>``) are read from there, in layer order; trained
+    parameters come from the fp32 partitions as usual. (Buffers and frozen parameters of tied
+    modules, ``tied_modules.*``, are not recovered.)"""
+    wanted = set(model_states.get("buffer_names") or ()) | \
+        set((model_states.get("frozen_param_shapes") or {}).keys())
+    trained = {n for group in model_states.get("param_shapes") or [] for n in group}
+    layers = sorted({int(n.split(".", 1)[0]) for n in wanted | trained
+                     if n.split(".", 1)[0].isdigit()})
+    entries = OrderedDict()
+    for idx in layers:
+        path = os.path.join(tag_dir, f"layer_{idx:02d}-model_states.pt")
+        if not os.path.isfile(path):
+            continue
+        for key, value in _load(path).items():
+            name = f"{idx}.{key}"
+            if name in wanted or name in trained:
+                entries[name] = value
+    return entries
+
+
+def _optim_paths(tag_dir, mp_rank=0):
+    by_rank = {}
     for name in os.listdir(tag_dir):
         match = OPTIM_FILE_RE.match(name)
-        if match is None:
-            continue
-        rank, mp_rank = int(match.group(1)), int(match.group(2))
-        if mp_rank != 0:
-            other_mp.add(mp_rank)
-        else:
-            by_rank[rank] = os.path.join(tag_dir, name)
-    if other_mp:
-        raise ValueError(f"'{tag_dir}' holds ZeRO files of model-parallel ranks "
-                         f"{sorted(other_mp)}; only model-parallel size 1 checkpoints convert")
+        if match is not None and int(match.group(2)) == mp_rank:
+            by_rank[int(match.group(1))] = os.path.join(tag_dir, name)
     if not by_rank:
         raise FileNotFoundError(f"'{tag_dir}' holds no '*_optim_states.pt' ZeRO optimizer files; "
                                 f"it is not a ZeRO checkpoint")
@@ -335,10 +366,30 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
     Raises ValueError without ``latest``, FileNotFoundError for a missing tag directory and
     ValueError when the number of rank files differs from the saved ``partition_count``.
     """
-    checkpoint = _ZeroCheckpoint(checkpoint_dir, tag, keep_open=lazy_mode)
-    _log(f"ZeRO stage {checkpoint.stage} checkpoint '{checkpoint.dir}' of {checkpoint.world} "
-         f"data-parallel ranks")
-    return _state_dict(checkpoint, exclude_frozen_parameters, lazy_mode)
+    return _consolidated(checkpoint_dir, tag, exclude_frozen_parameters, lazy_mode,
+                         keep_open=lazy_mode)
+
+
+def _consolidated(checkpoint_dir, tag, exclude_frozen_parameters, lazy_mode, keep_open):
+    """The state dict of one ZeRO checkpoint, or of a pipeline's stages merged (each stage is
+    a model-parallel rank with its own optimizer files; keys are global layer names)."""
+    mp_ranks = _mp_ranks(_tag_dir(checkpoint_dir, tag))
+    checkpoints = [_ZeroCheckpoint(checkpoint_dir, tag, keep_open=keep_open)]
+    if mp_ranks not in ([], [0]):
+        stages = checkpoints[0].model_states.get(PIPELINE_STAGES)
+        if stages is None or mp_ranks != list(range(int(stages))):
+            raise ValueError(f"'{checkpoints[0].dir}' holds ZeRO files of model-parallel ranks "
+                             f"{mp_ranks}; only model-parallel size 1 checkpoints (or pipelines "
+                             f"without tensor parallelism, one rank per stage) convert")
+        checkpoints += [_ZeroCheckpoint(checkpoint_dir, tag, keep_open=keep_open, mp_rank=mp)
+                        for mp in mp_ranks[1:]]
+    merged = OrderedDict()
+    for mp, checkpoint in enumerate(checkpoints):
+        _log(f"ZeRO stage {checkpoint.stage} checkpoint '{checkpoint.dir}' of "
+             f"{checkpoint.world} data-parallel ranks (model-parallel rank {mp})")
+        for key, value in _state_dict(checkpoint, exclude_frozen_parameters, lazy_mode).items():
+            merged.setdefault(key, value)  # tied weights: every stage holding them, same values
+    return merged
 
 
 def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
@@ -408,19 +459,23 @@ def _save_file(tensors, path, safe):
     os.replace(tmp, path)
 
 
-def _materialise_shard(checkpoint, state_dict, keys):
-    """Real tensors for ``keys``; lazy values read in one pass over the rank files, and tied
-    keys share one tensor inside the shard."""
+def _materialise_shard(state_dict, keys):
+    """Real tensors for ``keys``; lazy values read in one pass over each checkpoint's rank
+    files (one checkpoint per pipeline stage), and tied keys share one tensor in the shard."""
     lazy = [v for v in (state_dict[k] for k in keys) if isinstance(v, LazyTensor)]
-    names = list(OrderedDict.fromkeys(v.name for v in lazy if v._value is None))
-    built = checkpoint.materialise(names) if names else {}
+    wanted = OrderedDict()  # checkpoint id -> (checkpoint, names)
+    for v in lazy:
+        if v._value is None:
+            wanted.setdefault(id(v._checkpoint), (v._checkpoint, OrderedDict()))[1][v.name] = None
+    built = {cid: checkpoint.materialise(list(names))
+             for cid, (checkpoint, names) in wanted.items()}
     by_id, out = {}, OrderedDict()
     for key in keys:
         value = state_dict[key]
         if isinstance(value, LazyTensor):
             if id(value) not in by_id:
-                by_id[id(value)] = built[value.name] if value._value is None else \
-                    value._value.clone()
+                by_id[id(value)] = built[id(value._checkpoint)][value.name] \
+                    if value._value is None else value._value.clone()
             value = by_id[id(value)]
         out[key] = value
     return out
@@ -450,8 +505,8 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir_or_fil
 
     max_bytes = parse_size(max_shard_size)
     os.makedirs(output, exist_ok=True)
-    checkpoint = _ZeroCheckpoint(checkpoint_dir, tag, keep_open=False)
-    lazy = _state_dict(checkpoint, exclude_frozen_parameters, lazy_mode=True)
+    lazy = _consolidated(checkpoint_dir, tag, exclude_frozen_parameters, lazy_mode=True,
+                         keep_open=False)
     shards = _shards(lazy, max_bytes)
     stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
     if len(shards) == 1:
@@ -460,7 +515,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir_or_fil
         names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}{ext}" for i in range(len(shards))]
     weight_map = OrderedDict()
     for keys, name in zip(shards, names):
-        _save_file(_materialise_shard(checkpoint, lazy, keys), os.path.join(output, name),
+        _save_file(_materialise_shard(lazy, keys), os.path.join(output, name),
                    safe_serialization)
         weight_map.update((k, name) for k in keys)
         _log(f"wrote {len(keys)} entries to '{name}'")
