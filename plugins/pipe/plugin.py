@@ -80,6 +80,13 @@ class PipePlugin(DeepSpeedPlugin):
 
     @hookimpl
     def deepspeed_load_module_state(self, engine, state_dict, strict, checkpoint_dir):
+        if engine.config.load_universal_checkpoint:
+            raise ValueError(
+                f"checkpoint '{checkpoint_dir}': loading a universal checkpoint into a "
+                f"PipelineEngine is not supported yet; load it into a model without pipeline "
+                f"stages whose state-dict names are the PipelineModule's (an nn.Sequential of "
+                f"the same layers), or resume the pipeline from its own checkpoint (any number "
+                f"of stages with load_optimizer_states=False)")
         if state_dict is not None and not isinstance(state_dict, str):
             return None  # whole weights (saved by a plain engine): the core loads them
         engine._curr_ckpt_path = checkpoint_dir

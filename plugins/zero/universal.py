@@ -23,10 +23,13 @@ def _check_groups(info, described, checkpoint_dir):
     for group, (names, buckets) in enumerate(zip(saved, described)):
         mine = {n: k for b in buckets for n, k in zip(b["params"], b["numels"])}
         if set(names) != set(mine):
+            hint = ("; loading into a part of the model (a PipelineEngine stage) is not "
+                    "supported: load it into a non-pipeline model whose parameter names are "
+                    "the checkpoint's" if set(mine) < set(names) else "")
             raise ZeroCheckpointError(
                 f"param group {group}: the universal checkpoint holds parameters that differ "
                 f"from this model's in {sorted(set(names) ^ set(mine))[:10]}; the model must "
-                f"have the same trainable parameters in the same groups")
+                f"have the same trainable parameters in the same groups{hint}")
         for name, numel in mine.items():
             if int(torch.Size(shapes[name]).numel()) != int(numel):
                 raise ZeroCheckpointError(

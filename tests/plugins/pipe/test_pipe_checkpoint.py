@@ -259,3 +259,145 @@ def test_zero_to_fp32_consolidates_every_stage(dist_pool, tmp_path, world, tied)
             merged.update(torch.load(path, weights_only=True))
     assert set(merged) == set(state)
     assert all(torch.equal(merged[n], state[n]) for n in state)
+
+
+# ------------------------------------------------------------------ ds_to_universal over stages
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _full_state(engine):
+    """Whole fp32 weight and Adam moments of every trainable parameter (collective under ZeRO;
+    without ZeRO the torch optimizer steps the parameters themselves)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    out = {}
+    for name, param in engine.module.named_parameters():
+        values = {"fp32": safe_get_full_fp32_param(param).clone()}
+        for key in MOMENTS:
+            value = safe_get_full_optimizer_state(param, key)
+            values[key] = (engine.basic_optimizer.state[param][key] if value is None
+                           else value).detach().clone()
+        out[name] = values
+    return out
+
+
+def _pipe_save_for_universal(save_dir, zero, tied):
+    extra = {"zero_optimization": {"stage": zero}} if zero else None
+    engine = _engine(2, "AdamW", tied=tied, extra=extra)
+    _train(engine, batches(2, GAS, dp_world=engine.dp_world_size))
+    engine.save_checkpoint(save_dir, tag=TAG)
+    state = _full_state(engine)
+    engine.destroy()
+    return state
+
+
+def _sequential():
+    """The pipeline's layers in one ``nn.Sequential``: its state-dict names are the
+    PipelineModule's global names (``0.weight``, ``2.bias``, ...)."""
+    return torch.nn.Sequential(*[spec.build() for spec in specs()])
+
+
+def _load_universal_flat(universal_dir, zero):
+    import deepspeed
+
+    torch.manual_seed(999)  # other initial weights: everything must come from the checkpoint
+    model = _sequential()
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
+              "optimizer": OPTIMIZERS["AdamW"], "steps_per_print": 10 ** 6,
+              "zero_optimization": {"stage": zero}, "checkpoint": {"load_universal": True}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config)
+    engine.load_checkpoint(universal_dir, tag=TAG)
+    loaded = _full_state(engine)
+    module = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    steps = engine.global_steps
+    engine.destroy()
+    return loaded, module, steps
+
+
+def _expected(results):
+    expected = {}
+    for state in results:
+        for name, values in state.items():
+            expected.setdefault(name, values)
+    return expected
+
+
+@pytest.mark.parametrize("source_zero,world,zero", [(0, 1, 0), (1, 3, 2), (1, 2, 1)])
+def test_ds_to_universal_pipeline_loads_into_a_flat_engine(dist_pool, tmp_path, source_zero,
+                                                            world, zero):
+    from deepspeed.checkpoint.ds_to_universal import convert
+    from deepspeed.checkpoint.universal import load_param_state, read_info
+
+    expected = _expected(dist_pool.run(_pipe_save_for_universal, world_size=4,
+                                       args=(str(tmp_path / "pipe"), source_zero, False)))
+    out = convert(str(tmp_path / "pipe"), str(tmp_path / "universal"), num_extract_workers=1,
+                  num_merge_workers=1)
+    info = read_info(out)
+    assert info["source"]["pipeline_stages"] == 2
+    assert info["source"]["zero_stage"] == source_zero and info["source"]["dp_world_size"] == 2
+    assert len(info["group_params"]) == 1  # the stages' groups merged, as one stage has them
+    assert set(info["group_params"][0]) == set(expected)
+    assert sorted(info["state_keys"][0]) == sorted(MOMENTS)
+    for name, values in expected.items():
+        for key, want in values.items():
+            assert torch.equal(load_param_state(out, name, key), want), (name, key)
+    module = load_file(os.path.join(out, "mp_rank_00_model_states.pt"))["module"]
+    assert set(module) == set(expected) and "pipeline_stages" not in load_file(
+        os.path.join(out, "mp_rank_00_model_states.pt"))
+
+    for loaded, weights, steps in dist_pool.run(_load_universal_flat, world_size=world,
+                                                args=(str(tmp_path / "universal"), zero)):
+        assert steps == 2 and set(loaded) == set(expected)
+        for name, values in expected.items():
+            assert torch.equal(weights[name], values["fp32"]), name
+            for key, want in values.items():
+                assert torch.equal(loaded[name][key], want), (name, key)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_ds_to_universal_pipeline_tied_weights_once(dist_pool, tmp_path, zero):
+    from deepspeed.checkpoint.ds_to_universal import main
+    from deepspeed.checkpoint.universal import load_param_state, read_info
+
+    expected = _expected(dist_pool.run(_pipe_save_for_universal, world_size=2,
+                                       args=(str(tmp_path / "pipe"), zero, True)))
+    assert "tied_modules.proj.weight" in expected
+    assert main(["--input_folder", str(tmp_path / "pipe"), "--output_folder",
+                 str(tmp_path / "universal")]) == 0
+    out = tmp_path / "universal" / TAG
+    info = read_info(out)
+    assert sorted(info["group_params"][0]) == sorted(expected)  # the tied weight once
+    for name, values in expected.items():
+        for key, want in values.items():
+            assert torch.equal(load_param_state(out, name, key), want), (name, key)
+
+
+def _universal_into_pipeline(save_dir):
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    from pipe_training import config, mse, specs
+
+    def build(**extra):
+        model = PipelineModule(specs(), num_stages=2, loss_fn=mse, partition_method="uniform")
+        return deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                    config=config(2, **extra))[0]
+
+    saver = build()
+    saver.save_checkpoint(save_dir, tag="t")
+    saver.destroy()
+    engine = build(checkpoint={"load_universal": True})
+    try:
+        engine.load_checkpoint(save_dir, tag="t")
+    except ValueError as err:
+        return str(err)
+    finally:
+        engine.destroy()
+    return None
+
+
+def test_a_universal_checkpoint_into_a_pipeline_engine_is_a_clear_error(dist_pool, tmp_path):
+    messages = dist_pool.run(_universal_into_pipeline, world_size=2, args=(str(tmp_path),))
+    assert all(m and "universal checkpoint into a PipelineEngine is not supported" in m
+               for m in messages)
