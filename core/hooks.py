@@ -368,8 +368,10 @@ class PrecisionPolicy(Protocol):
     def unscale_grads(self) -> bool:
         """Unscale and check for fp16 overflow; False skips this step."""
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        """Clip to ``max_norm``; return the global norm measured before clipping."""
+    def clip_grad_norm(self, max_norm: float, norm_group=None) -> float:
+        """Clip to ``max_norm``; return the global norm measured before clipping. With
+        ``norm_group`` (the ranks holding the model's other parameters: pipeline stages) the
+        norm is over all of them, parameters marked ``REPLICATED_PARAM`` counted once."""
 
     def optimizer_step(self) -> None:
         """Step the basic optimizer."""
@@ -433,6 +435,12 @@ class CommsLogger(Protocol):
     def log_summary(self, show_straggler: bool = False, return_dict: bool = False) -> Any: ...
 
 
+#: Set true on a parameter whose identical copy on another rank of the ``norm_group`` is the
+#: one counted in the global gradient norm (a tied weight on all but the lowest pipeline stage;
+#: upstream's name).
+REPLICATED_PARAM = "ds_pipe_replicated"
+
+
 #: The attribute through which a plugin that partitions a parameter's training state answers
 #: ``deepspeed.utils.safe_get_*`` / ``safe_set_*`` for it (a ``ParamStateAccess``); a
 #: parameter without it is held whole and plainly by its module and its torch optimizer.
@@ -474,4 +482,4 @@ def check_implements(obj, protocol, source):
 __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + [
     "hookspec", "hookimpl", "PROJECT_NAME", "EngineChoice", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
     "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor", "CommsLogger",
-    "PARAM_STATE_ACCESS", "ParamStateAccess", "check_implements"]
+    "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "check_implements"]

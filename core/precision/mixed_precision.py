@@ -12,6 +12,7 @@ its partitions.
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.hooks import REPLICATED_PARAM
 from deepspeed.precision.loss_scaler import log_overflow
 
 
@@ -19,10 +20,30 @@ def _grads(params):
     return [p.grad for p in params if p.grad is not None]
 
 
-def clip_local_grad_norm(params, max_norm):
+def clip_local_grad_norm(params, max_norm, norm_group=None, counted=None):
     """Clip the gradients of ``params`` (held whole on this rank) to ``max_norm``; returns the
-    total norm measured before clipping."""
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    total norm measured before clipping. With ``norm_group`` the norm is over the gradients of
+    ``counted`` (default ``params``) on every rank of the group (pipeline stages each holding
+    other parameters), and every rank scales its own by the same factor."""
+    if norm_group is None:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    grads = [p.grad for p in (params if counted is None else counted) if p.grad is not None]
+    squares = torch.zeros((), dtype=torch.float64)
+    for grad in grads:
+        squares += grad.detach().double().pow(2).sum().cpu()
+    dist.all_reduce(squares, group=norm_group)
+    total = float(squares.sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        mine = [p.grad for p in params if p.grad is not None]
+        if mine:
+            torch._foreach_mul_(mine, coef)
+    return total
+
+
+def _counted(pairs):
+    """The stepped tensors whose model parameter is not another rank's counted copy."""
+    return [stepped for model, stepped in pairs if not getattr(model, REPLICATED_PARAM, False)]
 
 
 class FullPrecision:
@@ -55,8 +76,10 @@ class FullPrecision:
         """The optimizer steps the model's own parameters."""
         return stepped
 
-    def clip_grad_norm(self, max_norm):
-        return clip_local_grad_norm(self.master_params(), max_norm)
+    def clip_grad_norm(self, max_norm, norm_group=None):
+        params = self.master_params()
+        return clip_local_grad_norm(params, max_norm, norm_group,
+                                    _counted((p, p) for p in params))
 
     def optimizer_step(self):
         self.optimizer.step()
@@ -213,8 +236,9 @@ class MixedPrecisionOptimizer(OptimizerFace):
         """The 16-bit parameter whose fp32 master ``stepped`` is."""
         return self._model_of.get(id(stepped))
 
-    def clip_grad_norm(self, max_norm):
-        return clip_local_grad_norm(self.master_params(), max_norm)
+    def clip_grad_norm(self, max_norm, norm_group=None):
+        return clip_local_grad_norm(self.master_params(), max_norm, norm_group,
+                                    _counted(self._pairs))
 
     def optimizer_step(self):
         self.optimizer.step()

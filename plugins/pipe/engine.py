@@ -13,7 +13,6 @@ unchanged; only ``forward`` / ``backward`` / ``step`` are closed to the user
 The returned loss is the mean of the batch's micro-batch losses, averaged over the data-parallel
 replicas and broadcast from the last stage to every stage of the pipeline.
 """
-import math
 import os
 import time
 
@@ -395,35 +394,13 @@ class PipelineEngine(DeepSpeedEngine):
 
     # ------------------------------------------------------------------ clipping, progress
     def _clip_gradients(self):
-        """Clip by the norm over every stage's gradients (tied weights counted once)."""
+        """Clip by the norm over every stage's gradients (tied copies counted once): the
+        precision policy (or ZeRO-1's partitions) sums over the pipe group too."""
         clip = self.config.gradient_clipping
         if not clip or clip <= 0:
             return
-        if self.num_stages == 1:
-            return super()._clip_gradients()
-        if self.sharding.stage > 0:
-            raise NotImplementedError(
-                "gradient_clipping with ZeRO stage 1 inside a pipeline of more than one stage "
-                "is not implemented yet; set gradient_clipping 0 or zero_optimization.stage 0")
-        counted = self._grads_for_norm()
-        squares = torch.zeros((), dtype=torch.float32, device=self.device)
-        for grad in counted:
-            squares += grad.detach().float().pow(2).sum()
-        dist.all_reduce(squares, group=self.pipe_group)
-        total = math.sqrt(float(squares))
-        coef = clip / (total + 1e-6)
-        if coef < 1:
-            grads = [m.grad for m in self.precision.master_params() if m.grad is not None]
-            torch._foreach_mul_(grads, coef)
-        self._global_grad_norm = total
-
-    def _grads_for_norm(self):
-        """This stage's gradients, without the copies of tied weights held by a stage other
-        than the lowest one sharing them (their reduced gradients are equal everywhere)."""
-        model_of = self.precision.model_param_of
-        return [m.grad for m in self.precision.master_params()
-                if m.grad is not None
-                and not getattr(model_of(m), "ds_pipe_replicated", False)]
+        group = self.pipe_group if self.num_stages > 1 else None
+        self._global_grad_norm = self.precision.clip_grad_norm(clip, norm_group=group)
 
     def _report_progress(self):
         every = self.config.steps_per_print

@@ -26,6 +26,7 @@ import deepspeed.comm as dist
 from deepspeed import checkpointing
 from deepspeed.accelerator import get_accelerator
 from deepspeed.checkpoint import atomic_torch_save, load_file
+from deepspeed.hooks import REPLICATED_PARAM
 from deepspeed.pipe.layers import (LayerSpec, TiedLayerSpec, get_nested_attr, partition_layers,
                                    set_random_seed)
 from deepspeed.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
@@ -243,7 +244,7 @@ class PipelineModule(nn.Module):
                     # a copy of a weight the lowest stage holds: the engine counts it once in
                     # norms (the module's untied parameters are this stage's own)
                     for attr in self.tied_weight_attrs[key]:
-                        get_nested_attr(module, attr).ds_pipe_replicated = True
+                        setattr(get_nested_attr(module, attr), REPLICATED_PARAM, True)
         return tied_comms
 
     def _synchronize_tied_weights(self):

@@ -23,7 +23,7 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
-from deepspeed.hooks import PARAM_STATE_ACCESS
+from deepspeed.hooks import PARAM_STATE_ACCESS, REPLICATED_PARAM
 from deepspeed.precision import OptimizerFace
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
@@ -213,13 +213,26 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         self.overflow = bool(bad.item())
         return not self.overflow
 
-    def clip_grad_norm(self, max_norm):
-        """Global L2 norm of the gradients (each rank holds a disjoint partition), and clip."""
+    def clip_grad_norm(self, max_norm, norm_group=None):
+        """Global L2 norm of the gradients (each rank holds a disjoint partition), and clip.
+        With ``norm_group`` (pipeline stages) the norm spans the group too, and this rank's
+        fragments of parameters marked ``REPLICATED_PARAM`` are left out (counted elsewhere)."""
         squares = torch.zeros(1, dtype=torch.float64)
         for grads in self.grad_partitions:
             if grads.numel():
                 squares += grads.double().pow(2).sum().cpu()
+        if norm_group is not None:
+            for params in self.partitioned_params:
+                for param in params:
+                    if getattr(param, REPLICATED_PARAM, False):
+                        frag = self.fragment_of(param)
+                        if frag.length:
+                            piece = self.grad_partitions[frag.group].narrow(
+                                0, frag.partition_offset, frag.length)
+                            squares -= piece.double().pow(2).sum().cpu()
         dist.all_reduce(squares, group=self.dp_group)
+        if norm_group is not None:
+            dist.all_reduce(squares, group=norm_group)
         total = float(squares.sqrt())
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:

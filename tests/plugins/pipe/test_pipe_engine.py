@@ -173,3 +173,14 @@ def _zero2(stage):
 def test_zero2_and_zero3_are_refused(dist_pool, stage):
     assert dist_pool.run(_zero2, world_size=2, args=(stage,)) == [
         "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"] * 2
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_clipping_over_stages_and_replicas_with_and_without_zero1(dist_pool, zero_stage):
+    data = batches(STEPS, 2, dp_world=2)
+    extra = {"gradient_clipping": 0.05}
+    if zero_stage:
+        extra.update(zero_optimization={"stage": 1}, zero_allow_untested_optimizer=True)
+    results = dist_pool.run(pipeline_run, world_size=4, args=(2, data, 2),
+                            kwargs={"tied": True, "optimizer": "SGD", "extra": extra})
+    _check(results, data, tied=True, clip=0.05, optimizer="SGD")
