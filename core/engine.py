@@ -20,7 +20,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
-from deepspeed.hooks import NOT_SHARDED, STEP_TIMERS, PrecisionPolicy, check_implements
+from deepspeed.hooks import (GRADIENT_GROUP, NOT_SHARDED, STEP_TIMERS, PrecisionPolicy,
+                             check_implements)
 from deepspeed.precision import check_precision_supported, precision_for, training_dtype
 from deepspeed.utils.gradient_averaging import (communication_dtype, reduce_sparse_gradients,
                                                 scale_after_reduce, scale_before_reduce)
@@ -226,14 +227,35 @@ class DeepSpeedEngine(torch.nn.Module):
             return
         grads = self.precision.reduction_grads()
         grads = reduce_sparse_gradients(grads, self.config, self.dp_group, self.dp_world_size)
+        for group, members in self._by_gradient_group(grads):
+            flat = _flatten_dense_tensors(members).to(
+                communication_dtype(self.config, members[0].dtype))
+            scale_before_reduce(flat, self.config)
+            dist.all_reduce(flat, group=group)
+            scale_after_reduce(flat, self.config, self.dp_world_size)
+            for grad, reduced in zip(members, _unflatten_dense_tensors(flat, members)):
+                grad.copy_(reduced)
+
+    def _by_gradient_group(self, grads):
+        """``[(group, grads)]``: one flat all-reduce per group; parameters declaring
+        ``deepspeed.hooks.GRADIENT_GROUP`` (experts) are summed over their own group."""
         if not grads:
-            return
-        flat = _flatten_dense_tensors(grads).to(communication_dtype(self.config, grads[0].dtype))
-        scale_before_reduce(flat, self.config)
-        dist.all_reduce(flat, group=self.dp_group)
-        scale_after_reduce(flat, self.config, self.dp_world_size)
-        for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            grad.copy_(reduced)
+            return []
+        if not any(hasattr(p, GRADIENT_GROUP) for p in self.module.parameters()):
+            return [(self.dp_group, grads)]
+        declared = {}
+        for param in self.module.parameters():
+            if param.grad is not None:
+                declared[id(param.grad)] = getattr(param, GRADIENT_GROUP, self.dp_group)
+        for stepped in self.precision.master_params():
+            model = self.precision.model_param_of(stepped)
+            if stepped.grad is not None and model is not None:
+                declared[id(stepped.grad)] = getattr(model, GRADIENT_GROUP, self.dp_group)
+        buckets = {}
+        for grad in grads:  # the same order on every rank, so the collectives pair up
+            group = declared.get(id(grad), self.dp_group)
+            buckets.setdefault(id(group), (group, []))[1].append(grad)
+        return list(buckets.values())
 
     def step(self, lr_kwargs=None, lr_kwarg=None):
         """Update the weights at the accumulation boundary; otherwise only count the micro step.

@@ -441,6 +441,13 @@ class CommsLogger(Protocol):
 REPLICATED_PARAM = "ds_pipe_replicated"
 
 
+#: Set (to a process group) on a parameter whose gradient is summed over that group instead of
+#: the engine's data-parallel group: an expert's weights, summed over the ranks holding the same
+#: expert (``deepspeed.moe``). The average still divides by the data-parallel world size, since
+#: such a gradient already sums what the tokens of other ranks contributed to it.
+GRADIENT_GROUP = "ds_gradient_group"
+
+
 #: The attribute through which a plugin that partitions a parameter's training state answers
 #: ``deepspeed.utils.safe_get_*`` / ``safe_set_*`` for it (a ``ParamStateAccess``); a
 #: parameter without it is held whole and plainly by its module and its torch optimizer.
@@ -482,4 +489,4 @@ def check_implements(obj, protocol, source):
 __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + [
     "hookspec", "hookimpl", "PROJECT_NAME", "EngineChoice", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
     "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor", "CommsLogger",
-    "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "check_implements"]
+    "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP", "check_implements"]
