@@ -57,10 +57,19 @@ class DeepSpeedEngine(torch.nn.Module):
         self.device = torch.device(get_accelerator().current_device_name())
         self.local_rank = dist.get_local_rank()
         self.dp_group = mpu.get_data_parallel_group() if mpu is not None else None
+        self._previous_mpu = None
         if mpu is not None:  # deepspeed.utils.groups answers integrations from this unit
             from deepspeed.utils import groups
 
-            groups.set_mpu(mpu)
+            self._previous_mpu = (groups.set_mpu(mpu),)  # restored by destroy()
+        try:
+            self._set_up(optimizer, lr_scheduler, training_data)
+        except BaseException:
+            self._detach_process_wide()  # a failed initialize leaves nothing behind
+            raise
+
+    def _set_up(self, optimizer, lr_scheduler, training_data):
+        config = self.config
         self.dp_world_size = dist.get_world_size(group=self.dp_group)
         check_precision_supported(config, get_accelerator())
         self.module.to(self.device)
@@ -101,9 +110,20 @@ class DeepSpeedEngine(torch.nn.Module):
         services (comm observers, and what plugins attached: ``deepspeed_engine_destroy``)."""
         self.checkpoint_engine.wait()
         self.hook.deepspeed_engine_destroy(engine=self)
+        self._detach_process_wide()
+
+    def _detach_process_wide(self):
+        """Undo what this engine registered process-wide: its comm observer, and the
+        model-parallel unit ``deepspeed.utils.groups`` answers from (if still ours)."""
         if self._comm_observer is not None:
             dist.remove_comm_observer(self._comm_observer)
             self._comm_observer = None
+        if self._previous_mpu is not None:
+            from deepspeed.utils import groups
+
+            if groups.mpu is self.mpu:
+                groups.set_mpu(self._previous_mpu[0])
+            self._previous_mpu = None
 
     # ------------------------------------------------------------------ set-up
     def _configure_optimizer(self, client_optimizer):
