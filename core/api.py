@@ -70,7 +70,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if mpu is None and choice is not None:
         mpu = choice.mpu
     ds_config = DeepSpeedConfig(source, mpu, sections=catalog.sections)
-    plugins = catalog.enabled_manager(ds_config, also=[owner] if owner else [])
+    wanted = ([owner] if owner else []) + catalog.wanted_by(model)
+    plugins = catalog.enabled_manager(ds_config, also=wanted)
     engine = engine_class(model, ds_config, plugins, optimizer=optimizer,
                           model_parameters=model_parameters, lr_scheduler=lr_scheduler,
                           mpu=mpu, training_data=training_data, collate_fn=collate_fn)

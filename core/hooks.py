@@ -5,11 +5,11 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - A plugin implements a hook by defining a function of the same name decorated with
   ``@deepspeed.hookimpl``. It may accept any *subset* of the arguments listed here, so new
   arguments can be added to a hook without breaking existing plugins.
-- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Three
+- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Four
   exceptions are asked of every installed plugin because no engine exists when they are needed:
   ``deepspeed_config_sections`` (the config has to be validated before anyone knows which
-  plugins it enables), ``deepspeed_engine_for_model`` (a model may need a plugin's engine, which
-  the config cannot say) and ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
+  plugins it enables), ``deepspeed_engine_for_model`` / ``deepspeed_enable_for_model`` (a model
+  may need a plugin, which the config cannot say) and ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
   engine).
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
@@ -66,6 +66,14 @@ def deepspeed_engine_for_model(model):
     Asked of every *installed* plugin by ``deepspeed.initialize`` before the config is
     validated, because what a model needs cannot be read from the config. The plugin that
     answers is enabled for that engine whatever its config sections say."""
+
+
+@hookspec
+def deepspeed_enable_for_model(model):
+    """Return True when this plugin must take part in the engine built for ``model`` whatever
+    the config says (``deepspeed.moe`` for a model holding MoE layers: their checkpoints and
+    the features that must know expert groups). Asked of every installed plugin, like
+    ``deepspeed_engine_for_model``, which it complements without claiming the engine class."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -144,6 +144,13 @@ class PluginCatalog:
                 return choice, impl.plugin_name
         return None, None
 
+    def wanted_by(self, model):
+        """Names of the installed plugins that ask to take part for ``model``
+        (``deepspeed_enable_for_model``)."""
+        return [impl.plugin_name
+                for impl in self._all.hook.deepspeed_enable_for_model.get_hookimpls()
+                if impl.function(model=model)]
+
     def sections_of(self, name):
         return [key for key, owner in self.owners.items() if owner == name]
 
