@@ -1,0 +1,113 @@
+"""``deepspeed.moe.layer.MoE``: a mixture-of-experts block that replaces a dense MLP.
+
+The layer owns its process groups: with ``ep_size > 1`` it builds (once per size, through
+``deepspeed.utils.groups``) the expert-parallel group its tokens are exchanged over and the
+expert-data-parallel group its experts' gradients are averaged over, and tags every expert
+parameter with the latter (``deepspeed.hooks.GRADIENT_GROUP``) so the engine reduces expert
+gradients there and dense gradients over the whole data-parallel group. Building a group is
+collective, so it happens in ``__init__`` when the distributed backend is up (every rank
+builds the same layers in the same order), else at the first forward; the engine needs
+nothing from the layer beyond the tags.
+"""
+import copy
+
+import torch
+from torch import nn
+
+from deepspeed import comm as dist
+from deepspeed.hooks import GRADIENT_GROUP
+from deepspeed.moe.experts import Experts
+from deepspeed.moe.sharded_moe import MOELayer, TopKGate, check_noisy_gate_policy
+from deepspeed.utils import groups
+
+
+def _check_arguments(hidden_size, num_experts, ep_size, k):
+    for name, value in (("hidden_size", hidden_size), ("num_experts", num_experts),
+                        ("ep_size", ep_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            hint = (" (a PR-MoE pyramid gives each MoE layer its own int)"
+                    if name == "num_experts" and isinstance(value, (list, tuple)) else "")
+            raise TypeError(f"MoE {name} must be a positive int, got {value!r}{hint}")
+    if num_experts % ep_size != 0:
+        raise AssertionError(f"Number of experts ({num_experts}) should be divisible by expert "
+                             f"parallel size ({ep_size})")
+    if k not in (1, 2):
+        raise ValueError("Only top-1 and top-2 gatings are supported.")
+
+
+class MoE(nn.Module):
+    """Initialize an MoE layer: ``num_experts`` copies of ``expert`` split over ``ep_size``
+    ranks, a top-``k`` gate, and with ``use_residual`` a dense copy of ``expert`` mixed in by
+    a learned ``coefficient = Linear(hidden_size, 2)`` (Residual-MoE, arXiv 2201.05596).
+    ``forward(hidden_states, used_token=None)`` returns ``(output, l_aux, exp_counts)``."""
+
+    def __init__(self, hidden_size, expert, num_experts=1, ep_size=1, k=1, capacity_factor=1.0,
+                 eval_capacity_factor=1.0, min_capacity=4, use_residual=False,
+                 noisy_gate_policy=None, drop_tokens=True, use_rts=True, use_tutel=False,
+                 enable_expert_tensor_parallelism=False, top2_2nd_expert_sampling=True):
+        super().__init__()
+        _check_arguments(hidden_size, num_experts, ep_size, k)
+        check_noisy_gate_policy(noisy_gate_policy)
+        self.hidden_size = hidden_size
+        self.use_residual = use_residual
+        self.enable_expert_tensor_parallelism = enable_expert_tensor_parallelism
+        self.ep_size = ep_size
+        self.expert_group_name = f"ep_size_{ep_size}"
+        self.num_experts = num_experts
+        self.num_local_experts = num_experts // ep_size
+        self.k = k
+        experts = Experts(expert, self.num_local_experts, self.expert_group_name)
+        gate = TopKGate(hidden_size, num_experts, k, capacity_factor, eval_capacity_factor,
+                        min_capacity, noisy_gate_policy, drop_tokens, use_rts, None,
+                        top2_2nd_expert_sampling)
+        self.deepspeed_moe = MOELayer(gate, experts, self.expert_group_name, ep_size,
+                                      self.num_local_experts, use_tutel=use_tutel)
+        if self.use_residual:
+            self.mlp = copy.deepcopy(expert)
+            self.coefficient = nn.Linear(hidden_size, 2)
+        self._groups_ready = False
+        if dist.is_initialized():
+            self.set_deepspeed_parallelism()
+
+    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_=False):
+        """Build (or reuse) this layer's process groups and tag the expert parameters.
+        Collective when the groups do not exist yet: call it on every rank."""
+        if self._groups_ready:
+            return
+        if self.ep_size == 1:  # the experts are replicated like any dense weight
+            self._groups_ready = True
+            return
+        if not dist.is_initialized():
+            raise RuntimeError(f"MoE with ep_size={self.ep_size} needs the distributed backend: "
+                               f"call deepspeed.init_distributed() before building or running it")
+        world = dist.get_world_size()
+        if world % self.ep_size != 0:
+            raise ValueError(f"MoE ep_size={self.ep_size} must divide the world size {world}")
+        if self.expert_group_name not in groups._get_expert_parallel_group_dict():
+            groups._create_expert_and_data_parallel(self.ep_size, use_data_before_expert_parallel_)
+        self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.expert_group_name))
+        expert_dp = groups._get_expert_data_parallel_group(self.expert_group_name)
+        for param in self.deepspeed_moe.experts.parameters():
+            setattr(param, GRADIENT_GROUP, expert_dp)
+        self._groups_ready = True
+
+    # upstream's private name, called by Megatron-DeepSpeed
+    _create_process_groups = set_deepspeed_parallelism
+
+    def forward(self, hidden_states, used_token=None):
+        """Returns ``(output, l_aux, exp_counts)``: the output has the input's shape, ``l_aux``
+        is the scalar load-balancing loss (add it, scaled, to the training loss) and
+        ``exp_counts`` the tokens routed to each expert before capacity dropping."""
+        if hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(f"MoE hidden_size is {self.hidden_size} but the input's last "
+                             f"dimension is {hidden_states.shape[-1]} (shape "
+                             f"{tuple(hidden_states.shape)})")
+        self.set_deepspeed_parallelism()
+        output = self.deepspeed_moe(hidden_states, used_token)
+        if self.use_residual:
+            dense = self.mlp(hidden_states)
+            if isinstance(dense, tuple):
+                dense = dense[0]
+            coef = torch.softmax(self.coefficient(hidden_states), dim=-1)
+            output = output * coef[..., 0:1] + dense * coef[..., 1:]
+        return output, self.deepspeed_moe.l_aux, self.deepspeed_moe.exp_counts

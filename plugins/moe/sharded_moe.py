@@ -1,0 +1,190 @@
+"""The gate (``TopKGate``) and the token exchange (``MOELayer``) of a mixture-of-experts layer.
+
+``MOELayer`` sends each token to the rank that owns its expert and brings the expert's output
+back, both with one ``all_to_all_single`` over the expert-parallel group:
+
+    tokens [S, M] --gate--> dispatch [E, C, M] --all-to-all--> [ep, local, C, M] --experts-->
+    [ep, local, C, M] --all-to-all--> [E, C, M] --combine--> [S, M]
+
+``E = ep * local`` experts, ``C`` slots each. Every rank sends every other rank the same
+``local * C * M`` elements, so each all-to-all moves ``E * C * M * dtype size`` bytes per rank
+(``capacity * hidden * experts-per-rank * ep_size * dtype size``). The routing arithmetic lives
+in ``gating`` (re-exported here under upstream's names).
+"""
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepspeed import comm as dist
+from deepspeed.moe import gating
+from deepspeed.moe.gating import capacity, gumbel_rsample, multiplicative_jitter
+from deepspeed.utils.logging import logger
+
+__all__ = ["TopKGate", "MOELayer", "top1gating", "top2gating", "gumbel_rsample",
+           "multiplicative_jitter", "capacity", "NOISY_GATE_POLICIES"]
+
+NOISY_GATE_POLICIES = ("Jitter", "RSample", "None", None)
+_TUTEL_NOTED = False
+
+
+def tutel_available():
+    return importlib.util.find_spec("tutel") is not None
+
+
+def _note_tutel_fallback():
+    """``use_tutel=True`` asks for Tutel's fused dispatch, which this implementation does not
+    ship; the einsum dispatch computes the same thing. Said once per process."""
+    global _TUTEL_NOTED
+    if not _TUTEL_NOTED:
+        _TUTEL_NOTED = True
+        reason = ("Tutel is not installed" if not tutel_available()
+                  else "Tutel's fused kernels are not used by this implementation")
+        logger.info(f"MoE use_tutel=True: {reason}; using the einsum dispatch instead")
+
+
+def _max_over(ep_group, device):
+    """Without token dropping every rank needs the busiest expert's slot count, agreed by a
+    MAX over the expert-parallel group so that all exchanged blocks have one size."""
+
+    def agree(local):
+        if ep_group is None or dist.get_world_size(group=ep_group) == 1:
+            return local
+        agreed = torch.tensor([local], dtype=torch.int64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ep_group)
+        return int(agreed.item())
+
+    return agree
+
+
+def top1gating(logits, capacity_factor, min_capacity, used_token=None, noisy_gate_policy=None,
+               drop_tokens=True, use_rts=True, ep_group=None, use_tutel=False):
+    """Upstream's signature over ``gating.top1gating``; ``ep_group`` agrees on the capacity
+    when tokens are not dropped."""
+    return gating.top1gating(logits, capacity_factor, min_capacity, used_token, noisy_gate_policy,
+                             drop_tokens, use_rts, _max_over(ep_group, logits.device))
+
+
+def top2gating(logits, capacity_factor, min_capacity, drop_tokens=True, ep_group=None,
+               top2_2nd_expert_sampling=True, used_token=None):
+    """Upstream's signature over ``gating.top2gating`` (``used_token`` is an addition)."""
+    return gating.top2gating(logits, capacity_factor, min_capacity, used_token, drop_tokens,
+                             top2_2nd_expert_sampling, _max_over(ep_group, logits.device))
+
+
+class _AllToAll(torch.autograd.Function):
+    """An even all-to-all over ``group`` that autograd can run through: chunk ``i`` of dim 0
+    goes to rank ``i``. Its backward is the same exchange (the transpose of a block
+    permutation), which returns each gradient chunk to the rank that sent the value."""
+
+    @staticmethod
+    def forward(ctx, group, tensor):
+        ctx.group = group
+        tensor = tensor.contiguous()
+        output = torch.empty_like(tensor)
+        dist.all_to_all_single(output, tensor, group=group)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return None, _AllToAll.apply(ctx.group, grad_output.contiguous())
+
+
+class TopKGate(nn.Module):
+    """``Linear(model_dim -> num_experts, bias=False)`` in fp32 followed by top-1 or top-2
+    gating. ``eval()`` switches to ``eval_capacity_factor``; the noise of 'Jitter' and
+    'RSample' is only applied in training."""
+
+    def __init__(self, model_dim, num_experts, k=1, capacity_factor=1.0, eval_capacity_factor=1.0,
+                 min_capacity=8, noisy_gate_policy=None, drop_tokens=True, use_rts=True,
+                 ep_group=None, top2_2nd_expert_sampling=True):
+        super().__init__()
+        if k not in (1, 2):
+            raise ValueError("Only top-1 and top-2 gatings are supported.")
+        check_noisy_gate_policy(noisy_gate_policy)
+        self.wg = nn.Linear(model_dim, num_experts, bias=False).float()
+        self.model_dim, self.num_experts, self.k = model_dim, num_experts, k
+        self.capacity_factor = capacity_factor
+        self.eval_capacity_factor = eval_capacity_factor
+        self.min_capacity = min_capacity
+        self.noisy_gate_policy = None if noisy_gate_policy == "None" else noisy_gate_policy
+        self.drop_tokens = drop_tokens
+        self.use_rts = use_rts
+        self.top2_2nd_expert_sampling = top2_2nd_expert_sampling
+        self.ep_group = ep_group
+
+    def _set_ep_group(self, ep_group):
+        assert self.ep_group is None, "attempting to override an existing ep_group"
+        self.ep_group = ep_group
+
+    def forward(self, input, used_token=None, use_tutel=False):
+        if input.shape[-1] != self.model_dim:
+            raise ValueError(f"MoE gate expects hidden size {self.model_dim}, got input of shape "
+                             f"{tuple(input.shape)}")
+        tokens = input.float()
+        if self.noisy_gate_policy == "Jitter" and self.training:
+            tokens = multiplicative_jitter(tokens)
+        logits = F.linear(tokens, self.wg.weight.float())
+        factor = self.capacity_factor if self.training else self.eval_capacity_factor
+        if self.k == 1:
+            return top1gating(logits, factor, self.min_capacity, used_token,
+                              self.noisy_gate_policy if self.training else None,
+                              self.drop_tokens, self.use_rts, self.ep_group)
+        return top2gating(logits, factor, self.min_capacity, self.drop_tokens, self.ep_group,
+                          self.top2_2nd_expert_sampling, used_token)
+
+
+def check_noisy_gate_policy(policy):
+    if policy not in NOISY_GATE_POLICIES:
+        raise AssertionError(f"Unsupported noisy_gate_policy {policy!r}: use 'Jitter', 'RSample', "
+                             f"'None' or None")
+
+
+class MOELayer(nn.Module):
+    """Gate, dispatch to the experts' ranks, run the local experts, bring the outputs back and
+    mix them by gate weight. Keeps the last forward's ``l_aux`` and ``exp_counts``."""
+
+    def __init__(self, gate, experts, ep_group_name, ep_size, num_local_experts, use_tutel=False):
+        super().__init__()
+        self.gate = gate
+        self.experts = experts
+        self.ep_group = None
+        self.ep_size = ep_size
+        self.ep_group_name = ep_group_name
+        self.num_local_experts = num_local_experts
+        self.l_aux = None
+        self.exp_counts = None
+        self.use_tutel = False
+        if use_tutel:
+            _note_tutel_fallback()
+
+    def _set_ep_group(self, ep_group):
+        self.ep_group = ep_group
+        self.gate._set_ep_group(ep_group)
+
+    def _exchange(self, tensor):
+        if self.ep_size == 1:
+            return tensor
+        return _AllToAll.apply(self.ep_group, tensor)
+
+    def forward(self, *input, **kwargs):
+        hidden = input[0]
+        used_token = input[1] if len(input) > 1 else kwargs.get("used_token")
+        d_model = hidden.shape[-1]
+        tokens = hidden.reshape(-1, d_model)
+        if used_token is not None:
+            used_token = used_token.reshape(-1)
+            if used_token.numel() != tokens.shape[0]:
+                raise ValueError(f"used_token has {used_token.numel()} entries for "
+                                 f"{tokens.shape[0]} tokens (input shape {tuple(hidden.shape)})")
+        self.l_aux, combine_weights, dispatch_mask, self.exp_counts = self.gate(tokens, used_token)
+        dispatched = torch.einsum("sec,sm->ecm", dispatch_mask.to(tokens.dtype), tokens)
+        dispatched = self._exchange(dispatched)
+        # [ep (source ranks), local experts, C, M]: the experts run on dim 1
+        expert_in = dispatched.reshape(self.ep_size, self.num_local_experts, -1, d_model)
+        expert_out = self.experts(expert_in)
+        expert_out = self._exchange(expert_out.contiguous())
+        expert_out = expert_out.reshape(self.ep_size * self.num_local_experts, -1, d_model)
+        combined = torch.einsum("sec,ecm->sm", combine_weights.to(expert_out.dtype), expert_out)
+        return combined.reshape(hidden.shape)
