@@ -452,8 +452,17 @@ REPLICATED_PARAM = "ds_pipe_replicated"
 #: Set (to a process group) on a parameter whose gradient is summed over that group instead of
 #: the engine's data-parallel group: an expert's weights, summed over the ranks holding the same
 #: expert (``deepspeed.moe``). The average still divides by the data-parallel world size, since
-#: such a gradient already sums what the tokens of other ranks contributed to it.
+#: such a gradient already sums what the tokens of other ranks contributed to it. A sharding
+#: plugin (ZeRO 1/2) partitions such a parameter's training state over that group, so all
+#: parameters of one optimizer param group must declare the same group (or none).
 GRADIENT_GROUP = "ds_gradient_group"
+
+#: Set (to a process group) next to ``GRADIENT_GROUP`` on a parameter that the ranks of *this*
+#: group hold different copies of (each rank its own experts: the expert-parallel group), so
+#: the global gradient norm sums its squares over that group; the ranks of its
+#: ``GRADIENT_GROUP`` hold identical copies after reduction and count it once each. Without it
+#: a parameter's gradient is the same on every data-parallel rank and counted locally.
+GRADIENT_NORM_GROUP = "ds_gradient_norm_group"
 
 
 #: The attribute through which a plugin that partitions a parameter's training state answers
@@ -497,4 +506,5 @@ def check_implements(obj, protocol, source):
 __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + [
     "hookspec", "hookimpl", "PROJECT_NAME", "EngineChoice", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
     "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor", "CommsLogger",
-    "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP", "check_implements"]
+    "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP",
+    "GRADIENT_NORM_GROUP", "check_implements"]

@@ -12,7 +12,7 @@ its partitions.
 import torch
 
 from deepspeed import comm as dist
-from deepspeed.hooks import REPLICATED_PARAM
+from deepspeed.hooks import GRADIENT_NORM_GROUP, REPLICATED_PARAM
 from deepspeed.precision.loss_scaler import log_overflow
 
 
@@ -20,18 +20,26 @@ def _grads(params):
     return [p.grad for p in params if p.grad is not None]
 
 
-def clip_local_grad_norm(params, max_norm, norm_group=None, counted=None):
+def clip_local_grad_norm(params, max_norm, norm_group=None, counted=None, shared=()):
     """Clip the gradients of ``params`` (held whole on this rank) to ``max_norm``; returns the
-    total norm measured before clipping. With ``norm_group`` the norm is over the gradients of
-    ``counted`` (default ``params``) on every rank of the group (pipeline stages each holding
-    other parameters), and every rank scales its own by the same factor."""
-    if norm_group is None:
+    total norm measured before clipping, the same on every rank. With ``norm_group`` the norm
+    is over the gradients of ``counted`` (default ``params``) on every rank of the group
+    (pipeline stages each holding other parameters). ``shared`` lists ``(group, tensors)``
+    whose squares are summed over ``group`` (the ranks holding *other* copies of them: experts
+    declaring ``deepspeed.hooks.GRADIENT_NORM_GROUP``) before joining the local sum. Every rank
+    scales its own gradients by the same factor."""
+    if norm_group is None and not shared:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    grads = [p.grad for p in (params if counted is None else counted) if p.grad is not None]
-    squares = torch.zeros((), dtype=torch.float64)
-    for grad in grads:
-        squares += grad.detach().double().pow(2).sum().cpu()
-    dist.all_reduce(squares, group=norm_group)
+    counted = params if counted is None else counted
+    kept = {id(t) for t in counted}
+    apart = {id(t) for _, tensors in shared for t in tensors}
+    squares = _squares([t for t in counted if id(t) not in apart])
+    for group, tensors in shared:  # the same groups in the same order on every rank
+        part = _squares([t for t in tensors if id(t) in kept])
+        dist.all_reduce(part, group=group)
+        squares += part
+    if norm_group is not None:
+        dist.all_reduce(squares, group=norm_group)
     total = float(squares.sqrt())
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
@@ -41,9 +49,30 @@ def clip_local_grad_norm(params, max_norm, norm_group=None, counted=None):
     return total
 
 
+def _squares(tensors):
+    """Sum of the squared gradients of ``tensors`` as a float64 CPU scalar tensor."""
+    squares = torch.zeros((), dtype=torch.float64)
+    for tensor in tensors:
+        if tensor.grad is not None:
+            squares += tensor.grad.detach().double().pow(2).sum().cpu()
+    return squares
+
+
 def _counted(pairs):
     """The stepped tensors whose model parameter is not another rank's counted copy."""
     return [stepped for model, stepped in pairs if not getattr(model, REPLICATED_PARAM, False)]
+
+
+def _shared(pairs):
+    """``[(group, stepped tensors)]`` for model parameters declaring ``GRADIENT_NORM_GROUP``,
+    grouped by that group in first-seen order (the same on every rank); ``[]`` when none do.
+    Read at each clip: an MoE layer may tag its experts after the engine was built."""
+    out = {}
+    for model, stepped in pairs:
+        group = getattr(model, GRADIENT_NORM_GROUP, None)
+        if group is not None:
+            out.setdefault(id(group), (group, []))[1].append(stepped)
+    return list(out.values())
 
 
 class FullPrecision:
@@ -79,7 +108,8 @@ class FullPrecision:
     def clip_grad_norm(self, max_norm, norm_group=None):
         params = self.master_params()
         return clip_local_grad_norm(params, max_norm, norm_group,
-                                    _counted((p, p) for p in params))
+                                    _counted((p, p) for p in params),
+                                    _shared((p, p) for p in self._params))
 
     def optimizer_step(self):
         self.optimizer.step()
@@ -238,7 +268,7 @@ class MixedPrecisionOptimizer(OptimizerFace):
 
     def clip_grad_norm(self, max_norm, norm_group=None):
         return clip_local_grad_norm(self.master_params(), max_norm, norm_group,
-                                    _counted(self._pairs))
+                                    _counted(self._pairs), _shared(self._pairs))
 
     def optimizer_step(self):
         self.optimizer.step()

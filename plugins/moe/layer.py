@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from deepspeed import comm as dist
-from deepspeed.hooks import GRADIENT_GROUP
+from deepspeed.hooks import GRADIENT_GROUP, GRADIENT_NORM_GROUP
 from deepspeed.moe.experts import Experts
 from deepspeed.moe.sharded_moe import MOELayer, TopKGate, check_noisy_gate_policy
 from deepspeed.utils import groups
@@ -87,8 +87,10 @@ class MoE(nn.Module):
             groups._create_expert_and_data_parallel(self.ep_size, use_data_before_expert_parallel_)
         self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.expert_group_name))
         expert_dp = groups._get_expert_data_parallel_group(self.expert_group_name)
+        expert_parallel = groups._get_expert_parallel_group(self.expert_group_name)
         for param in self.deepspeed_moe.experts.parameters():
-            setattr(param, GRADIENT_GROUP, expert_dp)
+            setattr(param, GRADIENT_GROUP, expert_dp)  # reduced over the same expert's ranks
+            setattr(param, GRADIENT_NORM_GROUP, expert_parallel)  # norm: over the other experts'
         self._groups_ready = True
 
     # upstream's private name, called by Megatron-DeepSpeed

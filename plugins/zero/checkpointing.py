@@ -21,8 +21,8 @@ from deepspeed.checkpoint.atomic import write_file_atomically
 from deepspeed.checkpoint.collective import writes_shared_files
 from deepspeed.version import __version__
 from deepspeed.zero import partition as layout_math
-from deepspeed.zero.partition_state import (ZeroCheckpointError, load_partition_state_dict,
-                                            partition_state_dict)
+from deepspeed.zero.partition_state import (ZeroCheckpointError, check_recut,
+                                            load_partition_state_dict, partition_state_dict)
 
 OPTIM_FILE = "zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 ZERO_TO_FP32_FILENAME = "zero_to_fp32.py"
@@ -95,8 +95,10 @@ def load_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, elastic, saved_world=N
         if mine["layout"] == my_layout:
             load_partition_state_dict(opt, mine)
             return
+    check_recut(opt, checkpoint_dir)
     files = [_read(checkpoint_dir, r, mp_rank) for r in range(saved_world)]
     load_partition_state_dict(opt, reshape(files, my_layout, opt.world_size, opt.rank))
+
 
 
 def reshape(files, new_layout, world_size, rank):

@@ -13,7 +13,8 @@ ranks in rank order gives the whole parameter. A fragment may still span several
 chunks (``sub_group_size``), which NVMe offload keeps on disk: each chunk is swapped in around
 the access and out again.
 
-"full" methods are collectives over the data-parallel group (every rank must call them);
+"full" methods are collectives over the data-parallel group (every rank must call them; a
+param group partitioned over its own process group, experts', reduces over that one);
 "local" ones are not.
 """
 from typing import NamedTuple
@@ -42,7 +43,8 @@ def _full_shape(param):
 
 class FragmentAccessMixin:
     """Fragment access for ``DeepSpeedZeroOptimizer`` (uses its ``layouts``, ``chunks``,
-    ``grad_partitions``, ``optimizer``, ``rank``, ``dp_group`` and ``_swap_in/_swap_out``).
+    ``grad_partitions``, ``optimizer``, ``group_comms``, ``_rank_in`` and
+    ``_swap_in/_swap_out``).
 
     ``optim_state_key`` None means the fp32 master weights, else a per-element state of the
     basic optimizer (``"exp_avg"``, ``"exp_avg_sq"``, ...)."""
@@ -101,7 +103,8 @@ class FragmentAccessMixin:
         """Re-derive this rank's fp32 master fragment of ``param`` from the model's weights
         (after something wrote the weights directly, e.g. ``GatheredParameters``)."""
         frag = self.fragment_of(param)
-        piece = frag.bucket.piece_of(self.rank).narrow(0, frag.piece_offset, frag.length)
+        piece = frag.bucket.piece_of(self._rank_in(frag.bucket)).narrow(
+            0, frag.piece_offset, frag.length)
         local = piece.detach().float().clone()
         frag.bucket.settle()
         self._write(param, frag, None, local)
@@ -122,7 +125,8 @@ class FragmentAccessMixin:
         out = {}
         for group, layout in enumerate(self.layouts):
             for bucket in layout.buckets:
-                lo, hi = self.rank * bucket.piece, (self.rank + 1) * bucket.piece
+                rank = self._rank_in(bucket)
+                lo, hi = rank * bucket.piece, (rank + 1) * bucket.piece
                 for param, offset in zip(bucket.params, bucket.offsets):
                     first = max(offset, lo)
                     length = max(min(offset + _full_numel(param), hi) - first, 0)
@@ -185,7 +189,8 @@ class FragmentAccessMixin:
         """Put the new master values into the model's weights: this rank's piece always;
         with ``publish`` (a collective) the whole parameter wherever it is held whole."""
         with torch.no_grad():
-            piece = frag.bucket.piece_of(self.rank).narrow(0, frag.piece_offset, frag.length)
+            piece = frag.bucket.piece_of(self._rank_in(frag.bucket)).narrow(
+                0, frag.piece_offset, frag.length)
             piece.copy_(local.to(piece.device, piece.dtype))
             frag.bucket.settle()  # an NVMe-offloaded ZeRO-3 shard goes back to disk
             whole = not hasattr(param, "ds_id") or param.ds_status.name == "AVAILABLE"
@@ -202,8 +207,9 @@ class FragmentAccessMixin:
         device = frag.bucket.device
         full = torch.zeros(_full_numel(param), dtype=torch.float32, device=device)
         full.narrow(0, frag.start, frag.length).copy_(local)
-        if self.world_size > 1:
-            dist.all_reduce(full, group=self.dp_group)
+        group, _, world, _ = self.group_comms[frag.group]  # experts: their own group
+        if world > 1:
+            dist.all_reduce(full, group=group)
         return full.view(_full_shape(param))
 
     def _checked(self, value, sizes, param, kind):

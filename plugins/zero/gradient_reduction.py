@@ -11,7 +11,9 @@ full gradients through accumulation and reduce-scatters all buckets at the bound
 works as stage 2 over ``ShardRun``s: runs of whole sharded parameters, one collective each.
 
 Each received piece is averaged (``gradient_averaging``) and *added* to the rank's fp32 gradient
-partition, so micro-batches accumulate there.
+partition, so micro-batches accumulate there. A param group partitioned over its own process
+group (``deepspeed.hooks.GRADIENT_GROUP``: experts over their expert-data-parallel group) is
+reduce-scattered over that group, still divided by the data-parallel world size.
 """
 from collections import deque
 
@@ -32,7 +34,7 @@ class UnusedParameterError(RuntimeError):
 class GradientReducer:
 
     def __init__(self, buckets, grad_partitions, *, config, zero_config, group, rank, world_size,
-                 param_names, after_grad_taken=None):
+                 param_names, after_grad_taken=None, group_comms=None):
         # units of reduction, in launch order: stage 1/2 ``Bucket``s, ZeRO-3 ``ShardRun``s;
         # each places a gradient into its send buffer and owns one piece of a partition
         self.buckets = buckets
@@ -40,7 +42,10 @@ class GradientReducer:
         self.config = config
         self.group = group
         self.rank = rank
-        self.world_size = world_size
+        self.world_size = world_size  # the data-parallel size every average divides by
+        # per optimizer param group: (process group, this rank in it) its buckets reduce over
+        # (experts: their expert-data-parallel group); default the data-parallel group
+        self.group_comms = group_comms
         self.overlap = bool(zero_config.overlap_comm)
         self.use_reduce_scatter = bool(zero_config.reduce_scatter)
         self.ignore_unused = bool(zero_config.ignore_unused_parameters)
@@ -154,13 +159,15 @@ class GradientReducer:
             bucket.zero_missing(self._input(index), self._seen)
         flat = scale_before_reduce(self._input(index), self.config)
         self._inputs[index] = None
+        group, rank = (self.group, self.rank) if self.group_comms is None \
+            else self.group_comms[bucket.group]
         if self.use_reduce_scatter:
             received = self._receive_buffer(bucket, flat)
-            work = dist.reduce_scatter_tensor(received, flat, group=self.group,
+            work = dist.reduce_scatter_tensor(received, flat, group=group,
                                               async_op=self.overlap)
         else:  # documented alternative: all-reduce, keep our piece
-            work = dist.all_reduce(flat, group=self.group, async_op=self.overlap)
-            received = flat.narrow(0, self.rank * bucket.piece, bucket.piece)
+            work = dist.all_reduce(flat, group=group, async_op=self.overlap)
+            received = flat.narrow(0, rank * bucket.piece, bucket.piece)
         self._pending.append((work, received, bucket, flat))
         limit = MAX_BUCKETS_IN_FLIGHT if self.overlap else 0
         while len(self._pending) > limit:

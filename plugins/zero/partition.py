@@ -182,10 +182,13 @@ def _pack(items, bucket_size, size=lambda p: p.numel()):
 def build_layout(param_groups, world_size, bucket_size):
     """One ``GroupLayout`` per group of ``param_groups`` (lists of parameters), with each
     parameter's data moved into its bucket buffer (parameters keep their identity; their
-    ``.data`` becomes a view)."""
+    ``.data`` becomes a view). ``world_size`` is one size for every group or a list with each
+    group's own (a group partitioned over its own process group: experts)."""
     bucket_size = max(int(bucket_size), 1)
+    sizes = (world_size if isinstance(world_size, (list, tuple))
+             else [world_size] * len(param_groups))
     layouts = []
-    for index, params in enumerate(param_groups):
+    for index, (params, world_size) in enumerate(zip(param_groups, sizes)):
         buckets, partition_offset = [], 0
         for run in _pack(list(reversed(params)), bucket_size):
             offsets, numel = [], 0

@@ -135,3 +135,16 @@ def load_partition_state_dict(opt, saved, load_from_fp32_weights=None):
         opt.after_optimizer_step()
     else:
         opt.refresh_fp32_params()
+
+
+def check_recut(opt, what):
+    """Re-cutting assumes every param group is partitioned over the data-parallel group."""
+    own = [index for index, comm in enumerate(getattr(opt, "group_comms", ()))
+           if comm[0] is not opt.dp_group]
+    if own:
+        raise ZeroCheckpointError(
+            f"cannot re-partition '{what}' for this run: optimizer param groups {own} are "
+            f"partitioned over their own process groups (deepspeed.hooks.GRADIENT_GROUP, MoE "
+            f"experts), which re-cutting ZeRO checkpoints does not support yet; load it with "
+            f"the same data-parallel and expert-parallel layout and bucket sizes it was saved "
+            f"with")

@@ -15,6 +15,12 @@ Per step, on every rank:
                  sub-group with ``offload_optimizer.device: nvme``) -> the updated partition is
                  cast into the model's own buffers -> one all-gather per bucket publishes it
 
+A param group whose parameters declare ``deepspeed.hooks.GRADIENT_GROUP`` (MoE experts, split
+into their own groups by ``split_params_into_different_moe_groups_for_optimizer``) is laid out,
+reduce-scattered, stepped and all-gathered over that group instead (``group_comms``), its
+gradients still divided by the data-parallel world size like the core's all-reduce does; groups
+without the attribute take exactly the old path.
+
 The class is also the engine's precision policy (see ``deepspeed.precision.mixed_precision``
 for the protocol), and the optimizer ``deepspeed.initialize`` returns. Checkpoint (de)serialising
 of the partitions lives in ``deepspeed.zero.checkpointing``.
@@ -23,7 +29,8 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
-from deepspeed.hooks import PARAM_STATE_ACCESS, REPLICATED_PARAM
+from deepspeed.hooks import (GRADIENT_GROUP, GRADIENT_NORM_GROUP, PARAM_STATE_ACCESS,
+                             REPLICATED_PARAM)
 from deepspeed.precision import OptimizerFace
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
@@ -60,10 +67,14 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                 logger.warning("the optimizer passed to ZeRO already holds state; it is reset "
                                "(partitions start a fresh optimizer state)")
             groups.append(trainable)
+        # per param group: (process group, rank in it, its size, norm weight); a group whose
+        # parameters declare deepspeed.hooks.GRADIENT_GROUP (experts) is partitioned over it
+        self.group_comms = self._group_comms(groups, optimizer.param_groups)
         if self.stage >= 3:  # parameters are already sharded: one bucket per parameter
             self.layouts = build_shard_layout(groups, self.world_size, self.rank)
         else:
-            self.layouts = build_layout(groups, self.world_size, zero_config.reduce_bucket_size)
+            self.layouts = build_layout(groups, [c[2] for c in self.group_comms],
+                                        zero_config.reduce_bucket_size)
         self.partitioned_params = [layout.params for layout in self.layouts]
         for params in self.partitioned_params:
             for param in params:
@@ -106,7 +117,8 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         self.reducer = GradientReducer(units, self.grad_partitions, config=config,
                                        zero_config=zero_config, group=dp_group, rank=self.rank,
                                        world_size=self.world_size, param_names=self.param_names,
-                                       after_grad_taken=release)
+                                       after_grad_taken=release,
+                                       group_comms=[c[:2] for c in self.group_comms])
         if self.stage >= 2:
             self.reducer.attach_hooks()
         self._refreshers = None  # ZeRO-3: per partitioner, the in-place refresh of persistent
@@ -115,8 +127,55 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
             for chunk in self.all_chunks:
                 self.swapper.swap_out(chunk)
 
+    def _group_comms(self, groups, param_groups):
+        """Per param group ``(process group, this rank in it, its size, norm weight)``: the
+        data-parallel group, unless its parameters declare ``GRADIENT_GROUP``; then all of
+        them must declare the same one. The norm weight makes the data-parallel sum of the
+        partitions' squares count each distinct gradient once: 1 for the data-parallel group
+        and for parameters whose copies differ between groups (``GRADIENT_NORM_GROUP``),
+        ``|group| / dp world size`` for identical copies."""
+        default = (self.dp_group, self.rank, self.world_size, 1.0)
+        out = []
+        for index, params in enumerate(groups):
+            declared = {id(getattr(p, GRADIENT_GROUP, None)): p for p in params}
+            if len(declared) > 1:
+                name = param_groups[index].get("name")
+                label = f"{index}" + (f" ({name!r})" if name else "")
+                with_group = [self.param_names.get(id(p), "?") for p in params
+                              if getattr(p, GRADIENT_GROUP, None) is not None][:3]
+                without = [self.param_names.get(id(p), "?") for p in params
+                           if getattr(p, GRADIENT_GROUP, None) is None][:3]
+                raise ValueError(
+                    f"ZeRO stage {self.stage}: optimizer param group {label} mixes parameters "
+                    f"reduced over different process groups (deepspeed.hooks.GRADIENT_GROUP), "
+                    f"e.g. {with_group} declare one and {without or 'others'} "
+                    f"{'do not' if without else 'another'}; ZeRO partitions each param group "
+                    f"over one process group, so put them in separate param groups (for MoE: "
+                    f"deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer)")
+            group = getattr(next(iter(declared.values())), GRADIENT_GROUP, None) \
+                if declared else None
+            if group is None:
+                out.append(default)
+                continue
+            if self.stage >= 3:
+                raise NotImplementedError(
+                    f"ZeRO stage 3 cannot partition optimizer param group {index}: its "
+                    f"parameters declare their own gradient process group "
+                    f"(deepspeed.hooks.GRADIENT_GROUP, e.g. MoE experts), but ZeRO-3 shards "
+                    f"every parameter over the whole data-parallel group; use ZeRO stage 1 or 2")
+            world = dist.get_world_size(group=group)
+            shared = all(getattr(p, GRADIENT_NORM_GROUP, None) is not None for p in params)
+            weight = 1.0 if shared else world / self.world_size
+            out.append((group, dist.get_rank(group=group), world, weight))
+        return out
+
+    def _rank_in(self, bucket):
+        """This rank's index in the process group ``bucket``'s param group is partitioned over."""
+        return self.group_comms[bucket.group][1]
+
     def _read_piece(self, bucket):
-        piece = bucket.piece_of(self.rank).detach().float().to(self.master_device, copy=True)
+        piece = bucket.piece_of(self._rank_in(bucket)).detach().float().to(
+            self.master_device, copy=True)
         bucket.settle()
         return piece
 
@@ -170,7 +229,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                     self._swap_in(chunk)
                     for at, bucket, offset, length in segments:
                         chunk.data.narrow(0, at, length).copy_(
-                            bucket.piece_of(self.rank).narrow(0, offset, length))
+                            bucket.piece_of(self._rank_in(bucket)).narrow(0, offset, length))
                         bucket.settle()
                     self._swap_out(chunk)
 
@@ -218,9 +277,13 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         With ``norm_group`` (pipeline stages) the norm spans the group too, and this rank's
         fragments of parameters marked ``REPLICATED_PARAM`` are left out (counted elsewhere)."""
         squares = torch.zeros(1, dtype=torch.float64)
-        for grads in self.grad_partitions:
+        # each rank holds a disjoint piece of each gradient (expert groups: of its experts',
+        # and the expert-data-parallel groups together span the data-parallel group), so the
+        # data-parallel sum below counts every distinct gradient element once
+        for grads, comm in zip(self.grad_partitions, self.group_comms):
             if grads.numel():
-                squares += grads.double().pow(2).sum().cpu()
+                part = grads.double().pow(2).sum().cpu()
+                squares += part if comm[3] == 1.0 else part * comm[3]
         if norm_group is not None:
             for params in self.partitioned_params:
                 for param in params:
@@ -229,7 +292,8 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                         if frag.length:
                             piece = self.grad_partitions[frag.group].narrow(
                                 0, frag.partition_offset, frag.length)
-                            squares -= piece.double().pow(2).sum().cpu()
+                            squares -= piece.double().pow(2).sum().cpu() \
+                                * self.group_comms[frag.group][3]
         dist.all_reduce(squares, group=self.dp_group)
         if norm_group is not None:
             dist.all_reduce(squares, group=norm_group)
@@ -297,7 +361,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
     def _write_back(self, chunk, segments):
         with torch.no_grad():
             for at, bucket, offset, length in segments:
-                bucket.piece_of(self.rank).narrow(0, offset, length).copy_(
+                bucket.piece_of(self._rank_in(bucket)).narrow(0, offset, length).copy_(
                     chunk.data.narrow(0, at, length))
                 bucket.settle()
 
@@ -326,34 +390,35 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         gather_size = max(int(self.zero_config.allgather_bucket_size), 1)
         for layout in self.layouts:
             for bucket in layout.buckets:
-                if self.world_size == 1:
+                group, rank, world, _ = self.group_comms[bucket.group]
+                if world == 1:
                     continue
                 if not self.zero_config.allgather_partitions:
-                    for owner in range(self.world_size):
-                        dist.broadcast(bucket.piece_of(owner), src=self._global_rank(owner),
-                                       group=self.dp_group)
+                    for owner in range(world):
+                        dist.broadcast(bucket.piece_of(owner),
+                                       src=self._global_rank(owner, group), group=group)
                 elif bucket.padded <= gather_size:
-                    dist.all_gather_into_tensor(bucket.buffer, bucket.piece_of(self.rank).clone(),
-                                                group=self.dp_group)
+                    dist.all_gather_into_tensor(bucket.buffer, bucket.piece_of(rank).clone(),
+                                                group=group)
                 else:
-                    self._gather_in_chunks(bucket, max(gather_size // self.world_size, 1))
+                    self._gather_in_chunks(bucket, max(gather_size // world, 1))
 
     def _gather_in_chunks(self, bucket, per_rank):
+        group, rank, world, _ = self.group_comms[bucket.group]
         for start in range(0, bucket.piece, per_rank):
             length = min(per_rank, bucket.piece - start)
-            received = torch.empty(length * self.world_size, dtype=bucket.buffer.dtype,
+            received = torch.empty(length * world, dtype=bucket.buffer.dtype,
                                    device=bucket.buffer.device)
             dist.all_gather_into_tensor(
-                received, bucket.piece_of(self.rank).narrow(0, start, length).clone(),
-                group=self.dp_group)
-            for owner in range(self.world_size):
+                received, bucket.piece_of(rank).narrow(0, start, length).clone(), group=group)
+            for owner in range(world):
                 bucket.piece_of(owner).narrow(0, start, length).copy_(
                     received.narrow(0, owner * length, length))
 
-    def _global_rank(self, group_rank):
-        if self.dp_group is None:
+    def _global_rank(self, group_rank, group=None):
+        if group is None:
             return group_rank
-        return dist.get_global_rank(self.dp_group, group_rank)
+        return dist.get_global_rank(group, group_rank)
 
     def update_scale(self, overflow):
         if self.loss_scaler is None:

@@ -9,8 +9,8 @@ import torch
 
 from deepspeed.checkpoint.universal import FP32_KEY, load_param_state, read_info
 from deepspeed.zero import partition as layout_math
-from deepspeed.zero.partition_state import (ZeroCheckpointError, frozen_zero3_params,
-                                            load_partition_state_dict)
+from deepspeed.zero.partition_state import (ZeroCheckpointError, check_recut,
+                                            frozen_zero3_params, load_partition_state_dict)
 
 
 def _check_groups(info, described, checkpoint_dir):
@@ -49,6 +49,7 @@ def _cut(checkpoint_dir, described, world_size, rank, key):
 def universal_partition_state_dict(opt, checkpoint_dir):
     """A ``partition_state_dict`` (see ``deepspeed.zero.partition_state``) for this rank of
     ``opt``'s current layout, built from the universal checkpoint in ``checkpoint_dir``."""
+    check_recut(opt, checkpoint_dir)
     info = read_info(checkpoint_dir)
     described = layout_math.describe(opt.layouts, opt.param_names)
     _check_groups(info, described, checkpoint_dir)
