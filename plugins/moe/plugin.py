@@ -1,17 +1,18 @@
-"""The ``moe`` plugin: takes part in every engine whose model holds MoE layers, to refuse what
-does not know expert groups yet.
+"""The ``moe`` plugin: takes part in every engine whose model holds MoE layers.
 
-Mixture of experts needs no engine hook to train: a ``deepspeed.moe.layer.MoE`` tags its
-expert parameters with their expert-data-parallel group (``deepspeed.hooks.GRADIENT_GROUP``)
-and the core's gradient all-reduce honours the tag. What it cannot do yet, with experts split
-over ranks (``ep_size > 1``):
+Mixture of experts trains through declarations the core and ZeRO understand: a
+``deepspeed.moe.layer.MoE`` tags its expert parameters with their expert-data-parallel group
+(``deepspeed.hooks.GRADIENT_GROUP``: gradients summed there, ZeRO-1/2 partitions laid out
+there) and their expert-parallel group (``GRADIENT_NORM_GROUP``: the ranks holding the other
+experts, over which clipping sums their norm). The plugin tags them at engine init, before
+ZeRO wraps the optimizer, and refuses what still does not know expert groups with experts split
+over ranks (``ep_size > 1``): ZeRO-3, which shards every parameter over the whole
+data-parallel group.
 
-- ZeRO stages 1-3 partition and reduce gradients over the whole data-parallel group, which
-  would average each expert's gradient with other experts' (silently wrong weights);
-- gradient clipping measures the norm of this rank's gradients only, and with experts split
-  over ranks the norms, hence the clipped dense gradients, would differ between ranks;
-- checkpoints: the model states are written by data-parallel rank 0 only, so the experts the
-  other ranks hold would be lost (per-expert files are the next part of this plugin).
+Checkpoints (``deepspeed.moe.checkpoint``): every expert goes into a file of its own, next to
+the model states (which then hold no expert), so the weights load at any ``ep_size``; with
+experts split over ranks and no ZeRO, the optimizer state is saved per expert-parallel rank and
+loads at the same layout.
 
 How it is enabled: there is no MoE config section (upstream has none; the layer's arguments
 say everything), and the engine class is not the plugin's to claim (the pipeline plugin may
@@ -38,23 +39,31 @@ def _describe(layers):
             f"num_experts={layer.num_experts})")
 
 
-def check_moe_compatible(module, zero_stage, clipping):
+def check_moe_compatible(module, zero_stage, clipping=None):
     """Raise ``NotImplementedError`` naming the layer and the feature when ``module`` holds
-    expert-parallel MoE layers and the engine uses a feature that cannot handle them."""
+    expert-parallel MoE layers and the engine uses a feature that cannot handle them: ZeRO
+    stage 3, which shards every parameter over the whole data-parallel group (an expert's
+    shards would mix the different experts that ranks hold in the same slot), z3 leaf or not.
+    ZeRO 1/2 partition expert param groups over their expert-data-parallel group and gradient
+    clipping sums expert norms over the expert-parallel group (``GRADIENT_NORM_GROUP``)."""
     layers = expert_parallel_layers(module)
     if not layers:
         return
     where = _describe(layers)
-    if zero_stage >= 1:
+    if zero_stage >= 3:
         raise NotImplementedError(
-            f"ZeRO stage {zero_stage} is not supported with expert parallelism yet: {where} "
-            f"needs its expert gradients averaged over the expert-data-parallel group, which "
-            f"ZeRO's partitions do not know; use zero_optimization.stage 0 or ep_size=1")
-    if clipping and clipping > 0:
-        raise NotImplementedError(
-            f"gradient_clipping={clipping} is not supported with expert parallelism yet: "
-            f"{where} holds different experts on different ranks, so the local gradient norm "
-            f"the clipping uses differs between ranks; set gradient_clipping to 0 or ep_size=1")
+            f"ZeRO stage 3 is not supported with expert parallelism: {where} holds different "
+            f"experts on different ranks, and ZeRO-3 shards each parameter over the whole "
+            f"data-parallel group, so one expert's shards would mix with other experts' "
+            f"(marking the MoE block a z3 leaf with deepspeed.utils.set_z3_leaf_modules does "
+            f"not change how it is sharded); use zero_optimization.stage 1 or 2, or ep_size=1")
+
+
+def tag_expert_groups(module):
+    """Build every MoE layer's process groups and tag its experts now (collective, in module
+    order on every rank), so ZeRO sees ``GRADIENT_GROUP`` when it partitions the optimizer."""
+    for _, layer in expert_parallel_layers(module):
+        layer.set_deepspeed_parallelism()
 
 
 class MoEPlugin(DeepSpeedPlugin):
@@ -72,12 +81,30 @@ class MoEPlugin(DeepSpeedPlugin):
     @hookimpl
     def deepspeed_engine_init(self, engine, config):
         check_moe_compatible(engine.module, engine.sharding.stage, config.gradient_clipping)
+        tag_expert_groups(engine.module)
+
+    # ------------------------------------------------------------------ checkpoints
+    @hookimpl
+    def deepspeed_save_optimizer_state(self, engine, checkpoint_dir):
+        from deepspeed.moe.checkpoint import save_optimizer_state
+
+        return save_optimizer_state(engine, checkpoint_dir)
 
     @hookimpl
-    def deepspeed_save_checkpoint(self, engine, checkpoint_dir):
-        layers = expert_parallel_layers(engine.module)
-        if layers:  # raised before any file is written: the save fails on every rank
-            raise NotImplementedError(
-                f"save_checkpoint '{checkpoint_dir}': {_describe(layers)} splits its experts "
-                f"over ranks, and per-expert checkpoint files are not implemented yet (the "
-                f"model states hold data-parallel rank 0's experts only); nothing was saved")
+    def deepspeed_save_checkpoint(self, engine, checkpoint_dir, state, exclude_frozen_parameters):
+        from deepspeed.moe.checkpoint import save_experts
+
+        save_experts(engine, checkpoint_dir, state, exclude_frozen_parameters)
+
+    @hookimpl
+    def deepspeed_load_module_state(self, engine, state_dict, checkpoint_dir, state):
+        from deepspeed.moe.checkpoint import load_experts
+
+        return load_experts(engine, state_dict, checkpoint_dir, state)
+
+    @hookimpl(tryfirst=True)
+    def deepspeed_load_optimizer_state(self, engine, checkpoint_dir, state):
+        """Refused across expert layouts before any plugin reads its optimizer files."""
+        from deepspeed.moe.checkpoint import load_optimizer_state
+
+        return load_optimizer_state(engine, checkpoint_dir, state)

@@ -56,6 +56,11 @@ PIPELINE_STAGES = "pipeline_stages"
 MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 OPTIM_FILE_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 SINGLE_FILE_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
+# an MoE checkpoint (``deepspeed.moe``): the model-states file holds no expert and records the
+# layout under this key; expert E (global id) of MoE layer L is in its own file, under the names
+# of the model that holds every expert (``...deepspeed_experts.<E>.``)
+MOE_STATE_KEY = "moe_checkpoint"
+MOE_EXPERTS_INFIX = "deepspeed_moe.experts.deepspeed_experts."
 
 _debug = False
 
@@ -116,6 +121,7 @@ class _ZeroCheckpoint:
         self.model_states = _load(model_path)
         if self.model_states.get("module") is None and PIPELINE_STAGES in self.model_states:
             self.model_states["module"] = _pipeline_layer_entries(self.dir, self.model_states)
+        split_experts = _with_moe_experts(self.dir, self.model_states, mp_rank)
         self.optim_paths = _optim_paths(self.dir, mp_rank)
         first = self._rank_state(0)
         if "layout" not in first or "partition_count" not in first:
@@ -130,7 +136,8 @@ class _ZeroCheckpoint:
         self.layout = first["layout"]
         self.frozen_shard_names = list((first.get("frozen_shards") or {}).keys())
         self.numels = {n: k for group in self.layout for bucket in group
-                       for n, k in zip(bucket["params"], bucket["numels"])}
+                       for n, k in zip(bucket["params"], bucket["numels"])
+                       if not split_experts(n)}
         self.shapes = {}
         for group in self.model_states.get("param_shapes") or []:
             self.shapes.update(group)
@@ -235,6 +242,69 @@ def _pipeline_layer_entries(tag_dir, model_states):
             if name in wanted or name in trained:
                 entries[name] = value
     return entries
+
+
+def _with_moe_experts(tag_dir, model_states, mp_rank=0):
+    """Put an MoE checkpoint's experts (their own files) into ``model_states["module"]``, after
+    their layer's gate (``model.state_dict()`` order of the model holding every expert), and
+    return a test for the trained names that are not whole in the fp32 partitions: the local
+    expert names of layers split over ranks (their param groups are partitioned over the
+    expert-data-parallel group, and the same local name is another expert on another rank).
+    Those experts come from their files, in the dtype the model trained in."""
+    moe = model_states.get(MOE_STATE_KEY)
+    module = model_states.get("module")
+    if moe is None or module is None:
+        return lambda name: False
+    items, split, after = list(module.items()), [], {}
+    for layer_id, layer in enumerate(moe["layers"]):
+        prefix = f"{layer['name']}.deepspeed_moe." if layer["name"] else "deepspeed_moe."
+        gate = [i for i, (key, _) in enumerate(items) if key.startswith(f"{prefix}gate.")]
+        after.setdefault(gate[-1] if gate else len(items) - 1, []).append((layer_id, layer))
+        if int(layer["ep_size"]) > 1:
+            split.append(f"{prefix}experts.deepspeed_experts.")
+    merged = OrderedDict()
+    for index, (key, value) in enumerate([(None, None)] + items, start=-1):
+        if key is not None:
+            merged[key] = value
+        for layer_id, layer in after.get(index, ()):
+            merged.update(_moe_layer_experts(tag_dir, layer_id, layer, mp_rank))
+    model_states["module"] = merged
+    return lambda name: any(name.startswith(p) for p in split)
+
+
+def _moe_layer_experts(tag_dir, layer_id, layer, mp_rank):
+    entries = OrderedDict()
+    for expert in range(int(layer["num_experts"])):
+        path = os.path.join(tag_dir, f"layer_{layer_id}_expert_{expert}_mp_rank_{mp_rank:02d}"
+                                     f"_model_states.pt")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"MoE checkpoint '{tag_dir}': '{path}' (expert {expert} of "
+                                    f"MoE layer {layer_id} '{layer['name']}') does not exist")
+        entries.update(_load(path))
+    return entries
+
+
+def _plain_moe_state_dict(tag_dir, exclude_frozen_parameters, lazy_mode):
+    """An MoE checkpoint saved without ZeRO: the model states plus the expert files hold the
+    whole model, in the dtype it trained in."""
+    path = os.path.join(tag_dir, MODEL_STATES_NAMES[0])
+    if not os.path.isfile(path):
+        return None
+    states = _load(path)
+    if states.get(MOE_STATE_KEY) is None or states.get("module") is None:
+        return None
+    _with_moe_experts(tag_dir, states)
+    frozen = set((states.get("frozen_param_shapes") or {}).keys())
+    out = OrderedDict()
+    for key, value in states["module"].items():
+        if exclude_frozen_parameters and key in frozen:
+            continue
+        value = value.clone()
+        out[key] = LazyTensor(None, key, value.shape, value.dtype, value=value) \
+            if lazy_mode else value
+    _log(f"MoE checkpoint '{tag_dir}' without ZeRO: {len(out)} entries from the model states "
+         f"and expert files")
+    return out
 
 
 def _optim_paths(tag_dir, mp_rank=0):
@@ -374,6 +444,11 @@ def _consolidated(checkpoint_dir, tag, exclude_frozen_parameters, lazy_mode, kee
     """The state dict of one ZeRO checkpoint, or of a pipeline's stages merged (each stage is
     a model-parallel rank with its own optimizer files; keys are global layer names)."""
     mp_ranks = _mp_ranks(_tag_dir(checkpoint_dir, tag))
+    if not mp_ranks:
+        plain = _plain_moe_state_dict(_tag_dir(checkpoint_dir, tag), exclude_frozen_parameters,
+                                      lazy_mode)
+        if plain is not None:
+            return plain
     checkpoints = [_ZeroCheckpoint(checkpoint_dir, tag, keep_open=keep_open)]
     if mp_ranks not in ([], [0]):
         stages = checkpoints[0].model_states.get(PIPELINE_STAGES)

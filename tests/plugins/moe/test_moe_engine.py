@@ -110,48 +110,5 @@ def test_four_ranks_ep2_average_experts_over_the_expert_data_parallel_group(dist
     _check(results, data, kwargs, num_local=2)
 
 
-def _refused(extra):
-    try:
-        _train(2, _data(world=2, gas=1), 1, _model_kwargs(1, True), extra=extra)
-    except NotImplementedError as exc:
-        return str(exc)
-    return None
+# ZeRO stages 1/2, gradient clipping, bf16/fp16 and the ZeRO-3 refusal: test_moe_zero.py
 
-
-@pytest.mark.parametrize("extra,words", [
-    ({"zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True},
-     "ZeRO stage 1 is not supported with expert parallelism yet"),
-    ({"gradient_clipping": 1.0}, "gradient_clipping=1.0 is not supported with expert parallelism"),
-])
-def test_features_that_do_not_know_expert_groups_are_refused(dist_pool, extra, words):
-    for message in dist_pool.run(_refused, world_size=2, args=(extra,)):
-        assert message is not None and words in message and "MoE layer 'moe'" in message
-
-
-def _save_refused(save_dir):
-    import os
-
-    import deepspeed
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-    torch.manual_seed(0)
-    model = TinyMoEModel(ep_size=2, **_model_kwargs(1, True))
-    config = {"train_micro_batch_size_per_gpu": MICRO,
-              "optimizer": {"type": "SGD", "params": {"lr": LR}}}
-    engine, *_ = deepspeed.initialize(
-        model=model, config=config,
-        model_parameters=split_params_into_different_moe_groups_for_optimizer(
-            {"params": list(model.parameters()), "name": "parameters"}))
-    try:
-        engine.save_checkpoint(save_dir, tag="t")
-    except Exception as exc:  # the collective save reports the rank's failure
-        return str(exc), os.path.exists(os.path.join(save_dir, "latest"))
-    finally:
-        engine.destroy()
-    return None, os.path.exists(os.path.join(save_dir, "latest"))
-
-
-def test_expert_parallel_checkpoints_are_refused_not_silently_incomplete(dist_pool, tmp_path):
-    for message, latest in dist_pool.run(_save_refused, world_size=2, args=(str(tmp_path),)):
-        assert message is not None and "per-expert checkpoint files are not implemented" in \
-            message and not latest
