@@ -3,18 +3,39 @@
 Both return ``(l_aux, combine_weights, dispatch_mask, exp_counts)`` over ``S`` tokens, ``E``
 experts and ``C`` capacity slots: ``combine_weights[s, e, c]`` is the gate weight with which
 token ``s``, placed in slot ``c`` of expert ``e``, mixes that expert's output back into its own,
-and ``dispatch_mask`` is its non-zero pattern. Kept apart from the dispatch (``sharded_moe``)
+and ``dispatch_mask`` is its non-zero pattern. The same routing, one entry per token and per
+choice, rides along as ``.routing`` of the returned tuple (``GateOutput``): ``MOELayer``
+dispatches and combines by index from it, in ``O(S x M)`` rather than the ``O(S x E x C x M)``
+of one-hot einsums over the masks. Kept apart from the dispatch (``sharded_moe``)
 because this part is pure tensor arithmetic, testable without any process group; the only
 collective, the MAX of the capacity without token dropping, is done by the caller's
 ``max_capacity`` function.
 """
 import math
+from collections import namedtuple
 
 import torch
 import torch.nn.functional as F
 
 # numerical floor of the top-2 normalisation (two near-zero gate values)
 _EPS = torch.finfo(torch.float32).eps
+
+
+# Per choice (top-1: 1, top-2: 2) and token, each [k, S]: the expert chosen, the capacity slot
+# in it, and the combine weight (differentiable; exactly ``combine_weights[s, expert, slot]``,
+# so it is 0 where the token was dropped or masked and ``weights != 0`` is ``dispatch_mask``
+# at that (expert, slot)). ``experts``/``locations`` of a dropped choice are meaningless.
+Routing = namedtuple("Routing", ["experts", "locations", "weights"])
+
+
+class GateOutput(tuple):
+    """``(l_aux, combine_weights, dispatch_mask, exp_counts)``, unpacking as upstream's gate
+    output does, with the per-token ``Routing`` as ``.routing``."""
+
+    def __new__(cls, l_aux, combine_weights, dispatch_mask, exp_counts, routing):
+        out = super().__new__(cls, (l_aux, combine_weights, dispatch_mask, exp_counts))
+        out.routing = routing
+        return out
 
 
 def capacity(num_tokens, num_experts, capacity_factor, min_capacity):
@@ -67,7 +88,8 @@ def top1gating(logits, capacity_factor, min_capacity, used_token=None, noisy_gat
     choose_from = gates
     if noisy_gate_policy == "RSample":
         choose_from = logits + gumbel_rsample(logits.shape, device=logits.device)
-    mask1 = F.one_hot(torch.argmax(choose_from, dim=1), num_classes=num_experts).to(gates.dtype)
+    indices1_s = torch.argmax(choose_from, dim=1)
+    mask1 = F.one_hot(indices1_s, num_classes=num_experts).to(gates.dtype)
     if used_token is not None:
         mask1 = mask1 * used_token.reshape(-1, 1).to(mask1.dtype)
     exp_counts = mask1.sum(dim=0).detach().to(device="cpu", dtype=torch.int64)
@@ -81,8 +103,10 @@ def top1gating(logits, capacity_factor, min_capacity, used_token=None, noisy_gat
         slots = max(int(exp_counts.max()), 1)
         slots = max_capacity(slots) if max_capacity is not None else slots
     locations1_s = ((torch.cumsum(mask1, dim=0) - 1) * mask1).sum(dim=1).to(torch.int64)
-    combine_weights = _combine((gates * mask1).sum(dim=1), mask1, locations1_s, slots)
-    return l_aux, combine_weights, combine_weights.bool(), exp_counts
+    gates1_s = (gates * mask1).sum(dim=1)
+    combine_weights = _combine(gates1_s, mask1, locations1_s, slots)
+    routing = Routing(indices1_s.unsqueeze(0), locations1_s.unsqueeze(0), gates1_s.unsqueeze(0))
+    return GateOutput(l_aux, combine_weights, combine_weights.bool(), exp_counts, routing)
 
 
 def top2gating(logits, capacity_factor, min_capacity, used_token=None, drop_tokens=True,
@@ -93,12 +117,14 @@ def top2gating(logits, capacity_factor, min_capacity, used_token=None, drop_toke
     ``exp_counts`` counts both choices before dropping."""
     gates = F.softmax(logits, dim=1)
     num_tokens, num_experts = gates.shape
-    mask1 = F.one_hot(torch.argmax(gates, dim=1), num_classes=num_experts).to(gates.dtype)
+    indices1_s = torch.argmax(gates, dim=1)
+    mask1 = F.one_hot(indices1_s, num_classes=num_experts).to(gates.dtype)
     second_from = logits
     if top2_2nd_expert_sampling:
         second_from = logits + gumbel_rsample(logits.shape, device=logits.device)
     second_from = second_from.masked_fill(mask1.bool(), float("-inf"))
-    mask2 = F.one_hot(torch.argmax(second_from, dim=1), num_classes=num_experts).to(gates.dtype)
+    indices2_s = torch.argmax(second_from, dim=1)
+    mask2 = F.one_hot(indices2_s, num_classes=num_experts).to(gates.dtype)
     if used_token is not None:
         used = used_token.reshape(-1, 1).to(mask1.dtype)
         mask1, mask2 = mask1 * used, mask2 * used
@@ -123,6 +149,10 @@ def top2gating(logits, capacity_factor, min_capacity, used_token=None, drop_toke
     gates1_s = (gates * mask1).sum(dim=1)
     gates2_s = (gates * mask2).sum(dim=1)
     denom_s = torch.clamp(gates1_s + gates2_s, min=_EPS)
-    combine_weights = (_combine(gates1_s / denom_s, mask1, locations1_s, slots)
-                       + _combine(gates2_s / denom_s, mask2, locations2_s, slots))
-    return l_aux, combine_weights, combine_weights.bool(), exp_counts
+    weights1_s, weights2_s = gates1_s / denom_s, gates2_s / denom_s
+    combine_weights = (_combine(weights1_s, mask1, locations1_s, slots)
+                       + _combine(weights2_s, mask2, locations2_s, slots))
+    routing = Routing(torch.stack([indices1_s, indices2_s]),
+                      torch.stack([locations1_s, locations2_s]),
+                      torch.stack([weights1_s, weights2_s]))
+    return GateOutput(l_aux, combine_weights, combine_weights.bool(), exp_counts, routing)

@@ -6,6 +6,11 @@ back, both with one ``all_to_all_single`` over the expert-parallel group:
     tokens [S, M] --gate--> dispatch [E, C, M] --all-to-all--> [ep, local, C, M] --experts-->
     [ep, local, C, M] --all-to-all--> [E, C, M] --combine--> [S, M]
 
+Dispatch and combine go by index (``dispatch_by_index``, ``combine_by_index``) from the
+gate's per-token routing (expert, slot, weight of each choice): ``O(k x S x M)`` copies where
+upstream's one-hot einsums over the ``[S, E, C]`` masks cost ``S x E x C x M`` multiply-adds
+each (quadratic in tokens, ``C ~ S / E``); the results and gradients are the einsums'.
+
 ``E = ep * local`` experts, ``C`` slots each. Every rank sends every other rank the same
 ``local * C * M`` elements, so each all-to-all moves ``E * C * M * dtype size`` bytes per rank
 (``capacity * hidden * experts-per-rank * ep_size * dtype size``). The routing arithmetic lives
@@ -35,13 +40,15 @@ def tutel_available():
 
 def _note_tutel_fallback():
     """``use_tutel=True`` asks for Tutel's fused dispatch, which this implementation does not
-    ship; the einsum dispatch computes the same thing. Said once per process."""
+    ship; the built-in index dispatch computes the same thing (upstream's einsum dispatch).
+    Said once per process."""
     global _TUTEL_NOTED
     if not _TUTEL_NOTED:
         _TUTEL_NOTED = True
         reason = ("Tutel is not installed" if not tutel_available()
                   else "Tutel's fused kernels are not used by this implementation")
-        logger.info(f"MoE use_tutel=True: {reason}; using the einsum dispatch instead")
+        logger.info(f"MoE use_tutel=True: {reason}; using the built-in index dispatch "
+                    f"(the result of upstream's einsum dispatch) instead")
 
 
 def _max_over(ep_group, device):
@@ -141,6 +148,54 @@ def check_noisy_gate_policy(policy):
                              f"'None' or None")
 
 
+def dispatch_by_index(tokens, routing, num_experts, slots):
+    """``[E, C, M]`` expert inputs: each kept (token, choice) copied into its (expert, slot),
+    zeros in the unused slots. Equals ``einsum("sec,sm->ecm", dispatch_mask, tokens)``, and so
+    does its backward (each token's gradient is the sum of its kept slots' gradients), at the
+    cost of one ``[k*S, M]`` copy instead of ``S x E x C x M`` multiply-adds. The dropped
+    choices are written to one spare row past the end, which is cut off (no gradient)."""
+    num_choices, num_tokens = routing.weights.shape
+    d_model = tokens.shape[-1]
+    num_slots = num_experts * slots
+    kept = routing.weights.detach() != 0
+    index = torch.where(kept, routing.experts * slots + routing.locations,
+                        torch.full_like(routing.experts, num_slots))
+    source = tokens if num_choices == 1 else tokens.repeat(num_choices, 1)
+    dispatched = tokens.new_zeros(num_slots + 1, d_model).index_copy(0, index.reshape(-1), source)
+    return dispatched[:num_slots].reshape(num_experts, slots, d_model)
+
+
+def combine_by_index(expert_out, routing):
+    """``[S, M]``: each token's kept slots of ``expert_out`` ``[E, C, M]``, weighted by their
+    combine weights and summed. Equals ``einsum("sec,ecm->sm", combine_weights, expert_out)``
+    with its gradients to ``expert_out`` and to the weights (hence to the gate), gathering
+    ``k*S`` rows instead of ``S x E x C x M`` multiply-adds. A dropped choice reads slot 0
+    of its expert with weight exactly 0."""
+    num_experts, slots, d_model = expert_out.shape
+    num_choices, num_tokens = routing.weights.shape
+    kept = routing.weights.detach() != 0
+    index = torch.where(kept, routing.experts * slots + routing.locations,
+                        torch.zeros_like(routing.experts))
+    picked = expert_out.reshape(num_experts * slots, d_model).index_select(0, index.reshape(-1))
+    picked = picked.reshape(num_choices, num_tokens, d_model)
+    weighted = picked * routing.weights.to(expert_out.dtype).unsqueeze(-1)
+    return weighted[0] if num_choices == 1 else weighted.sum(dim=0)
+
+
+def routing_from_masks(combine_weights, dispatch_mask):
+    """``gating.Routing`` read off ``[S, E, C]`` masks, for a gate that returns only
+    upstream's 4-tuple: the up-to-k (expert, slot) pairs of each token, k the most any token
+    uses, with their weights gathered from ``combine_weights`` (keeping the gradient)."""
+    num_tokens, num_experts, slots = combine_weights.shape
+    flat_mask = dispatch_mask.reshape(num_tokens, num_experts * slots)
+    num_choices = max(int(flat_mask.sum(dim=1).max()) if num_tokens else 0, 1)
+    flat = torch.topk(flat_mask.float(), k=num_choices, dim=1).indices  # kept slots first
+    weights = combine_weights.reshape(num_tokens, -1).gather(1, flat)
+    weights = weights * flat_mask.gather(1, flat).to(weights.dtype)
+    flat = flat.t()
+    return gating.Routing(flat // slots, flat % slots, weights.t())
+
+
 class MOELayer(nn.Module):
     """Gate, dispatch to the experts' ranks, run the local experts, bring the outputs back and
     mix them by gate weight. Keeps the last forward's ``l_aux`` and ``exp_counts``."""
@@ -178,13 +233,18 @@ class MOELayer(nn.Module):
             if used_token.numel() != tokens.shape[0]:
                 raise ValueError(f"used_token has {used_token.numel()} entries for "
                                  f"{tokens.shape[0]} tokens (input shape {tuple(hidden.shape)})")
-        self.l_aux, combine_weights, dispatch_mask, self.exp_counts = self.gate(tokens, used_token)
-        dispatched = torch.einsum("sec,sm->ecm", dispatch_mask.to(tokens.dtype), tokens)
+        gated = self.gate(tokens, used_token)
+        self.l_aux, combine_weights, dispatch_mask, self.exp_counts = gated
+        routing = getattr(gated, "routing", None)
+        if routing is None:  # a gate of upstream's 4-tuple: read the routing off the masks
+            routing = routing_from_masks(combine_weights, dispatch_mask)
+        slots = combine_weights.shape[2]
+        dispatched = dispatch_by_index(tokens, routing, combine_weights.shape[1], slots)
         dispatched = self._exchange(dispatched)
         # [ep (source ranks), local experts, C, M]: the experts run on dim 1
         expert_in = dispatched.reshape(self.ep_size, self.num_local_experts, -1, d_model)
         expert_out = self.experts(expert_in)
         expert_out = self._exchange(expert_out.contiguous())
         expert_out = expert_out.reshape(self.ep_size * self.num_local_experts, -1, d_model)
-        combined = torch.einsum("sec,ecm->sm", combine_weights.to(expert_out.dtype), expert_out)
+        combined = combine_by_index(expert_out, routing)
         return combined.reshape(hidden.shape)
