@@ -1,0 +1,284 @@
+"""``ds_to_universal`` of a pipeline checkpoint (``pipeline_stages`` in its model-states files),
+with or without ZeRO inside the stages; ``deepspeed.zero.ds_to_universal.convert`` hands such a
+checkpoint to ``convert_pipeline``.
+
+A pipeline checkpoint has one model-states file per stage (``mp_rank_<stage>``, module None: the
+layers are in ``layer_XX-model_states.pt`` under their global index) and, with ZeRO inside the
+stages, one set of rank files per stage (``zero_pp_rank_<dp>_mp_rank_<stage>``). Each stage is
+read on its own, as ``zero_to_fp32`` does (without ZeRO, from the torch optimizer state in its
+model-states file), and the results merged under the PipelineModule's global names
+(``3.weight``, ``tied_modules.<key>.weight``; a tied weight, held by every stage using it, is
+taken once, from the first), the param groups group by group: the universal checkpoint is then
+the one a single-stage model with those names would have produced.
+"""
+import os
+import re
+from collections import OrderedDict
+
+import torch
+
+from deepspeed.checkpoint import universal
+from deepspeed.checkpoint.atomic import CheckpointFormatError, atomic_torch_save, load_file
+from deepspeed.checkpoint.layout import model_states_filename
+from deepspeed.zero import zero_to_fp32 as fp32_script
+from deepspeed.zero.ds_to_universal_phases import (
+    TEMP_DIRNAME, check_ranks_agree, checked_groups, extract_rank, finish, fresh_dirs,
+    frozen_shapes, merge_jobs, merge_param, param_shapes, pool_map, rank_world, saved_loss_scaler,
+    universal_info, write_module_frozen)
+
+_LAYER_FILE_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
+
+
+def _same(a, b):
+    try:
+        return bool(a == b)
+    except (RuntimeError, TypeError):  # tensors of several elements
+        return repr(a) == repr(b)
+
+
+def _stage_states(checkpoint_dir, stage, stages, first):
+    """Stage ``stage``'s model states, ``module`` filled from the layer files (global names:
+    the stage's trained, frozen and buffer entries; tied modules' weights are not there)."""
+    if stage == 0:
+        states = first
+    else:
+        path = os.path.join(checkpoint_dir, model_states_filename(stage))
+        if not os.path.isfile(path):
+            raise CheckpointFormatError(f"'{checkpoint_dir}' is a checkpoint of {stages} "
+                                        f"pipeline stages but lacks {os.path.basename(path)}")
+        states = load_file(path)
+    states = dict(states)
+    if states.get("module") is None:
+        states["module"] = fp32_script._pipeline_layer_entries(checkpoint_dir, states)
+    return states
+
+
+def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, strict, inject):
+    """Per stage: its groups, state keys, scalars, hyperparameters and merge jobs, after
+    extracting every (stage, data-parallel rank) file's fragments into ``tmp/stage_XX``."""
+    worlds = [rank_world(checkpoint_dir, strict, mp_rank=s) for s in range(len(all_states))]
+    temps = [os.path.join(temp_dir, f"stage_{s:02d}") for s in range(len(all_states))]
+    summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s)
+                                        for s in range(len(all_states))
+                                        for r in range(worlds[s])], workers)
+    parts = []
+    for stage, states in enumerate(all_states):
+        mine, summaries = summaries[:worlds[stage]], summaries[worlds[stage]:]
+        check_ranks_agree(mine, strict)
+        first = mine[0]
+        groups = checked_groups(first, param_shapes(states, inject), states, strict,
+                                where=f"pipeline stage {stage}: ")
+        sharded = frozen_shapes(states, first["frozen"])
+        parts.append({"groups": groups, "state_keys": first["state_keys"],
+                      "scalars": first["optimizer_scalars"], "hyper": first["param_groups"],
+                      "zero_stage": int(first["zero_stage"]), "dp_world_size": worlds[stage],
+                      "sharded_frozen": sharded,
+                      "jobs": merge_jobs(groups, first["state_keys"], sharded, worlds[stage],
+                                         temps[stage], out_dir)})
+    return parts, saved_loss_scaler(checkpoint_dir)
+
+
+def _claimed_layers(all_states):
+    """Global layer indices some stage names an entry of (``<idx>.<key>``)."""
+    names = set()
+    for states in all_states:
+        names |= {n for g in states.get("param_shapes") or [] for n in g}
+        names |= set(states.get("buffer_names") or ())
+        names |= set((states.get("frozen_param_shapes") or {}).keys())
+    return {int(n.split(".", 1)[0]) for n in names if n.split(".", 1)[0].isdigit()}
+
+
+def _tied_weight(checkpoint_dir, name, shape, claimed):
+    """The weight of a tied module without ZeRO or fp32 masters: only the layer file of a layer
+    that is the tied module (an index no global name claims) holds it, under its local key."""
+    parts = name.split(".", 2)
+    if len(parts) != 3 or parts[0] != "tied_modules":
+        raise CheckpointFormatError(f"parameter {name!r} is in no layer file of the pipeline "
+                                    f"checkpoint '{checkpoint_dir}'")
+    found = []
+    for file in sorted(os.listdir(checkpoint_dir)):
+        match = _LAYER_FILE_RE.match(file)
+        if match is None or int(match.group(1)) in claimed:
+            continue
+        value = load_file(os.path.join(checkpoint_dir, file)).get(parts[2])
+        if torch.is_tensor(value) and list(value.shape) == list(shape) and \
+                not any(torch.equal(value, f) for f in found):
+            found.append(value)
+    if len(found) != 1:
+        raise CheckpointFormatError(
+            f"tied parameter {name!r}: {len(found)} different candidate weights "
+            f"'{parts[2]}' {tuple(shape)} in the layer files of '{checkpoint_dir}'; cannot tell "
+            f"which layer file holds it")
+    return found[0]
+
+
+def _torch_stage_part(checkpoint_dir, states, stage, claimed):
+    """One stage's part without ZeRO: the optimizer state the stage's model-states file holds
+    (a torch ``state_dict``, or the mixed-precision wrapper's with its fp32 master weights),
+    mapped to names through ``param_shapes`` (one entry per optimizer param, group order)."""
+    saved = states.get("optimizer")
+    if not isinstance(saved, dict):
+        raise CheckpointFormatError(
+            f"pipeline stage {stage}: the model states hold no optimizer state and there are "
+            f"no ZeRO optimizer files; only checkpoints saved with an optimizer convert")
+    masters, loss_scaler = None, None
+    if "optimizer_state_dict" in saved:  # fp16/bf16: the wrapper's state and fp32 masters
+        masters, loss_scaler = saved.get("fp32_master_weights"), saved.get("loss_scaler")
+        saved = saved["optimizer_state_dict"]
+    if "state" not in saved or "param_groups" not in saved:
+        raise CheckpointFormatError(f"pipeline stage {stage}: the optimizer state has keys "
+                                    f"{sorted(saved)[:8]}, not a torch optimizer state_dict's")
+    shapes = states.get("param_shapes") or []
+    counts = [len(g["params"]) for g in saved["param_groups"]]
+    if [len(g) for g in shapes] != counts:
+        raise CheckpointFormatError(
+            f"pipeline stage {stage}: 'param_shapes' names {[len(g) for g in shapes]} "
+            f"parameters per group, the optimizer holds {counts}; cannot tell which state "
+            f"belongs to which parameter")
+    module = states.get("module") or {}
+    groups, keys_per_group, scalars_per_group, tensors = [], [], [], OrderedDict()
+    position = 0
+    for group_shapes, group in zip(shapes, saved["param_groups"]):
+        names = OrderedDict((n, list(s)) for n, s in group_shapes.items())
+        keys, scalars = None, None
+        for name, index in zip(names, group["params"]):
+            shape = names[name]
+            numel = int(torch.Size(shape).numel())
+            state = saved["state"].get(index, {})
+            elementwise = {k: v for k, v in state.items()
+                           if torch.is_tensor(v) and v.dim() > 0 and v.numel() == numel}
+            others = {k: v for k, v in state.items() if k not in elementwise}
+            if keys is None:
+                keys, scalars = sorted(elementwise), others
+            elif sorted(elementwise) != keys or not _same(others, scalars):
+                raise CheckpointFormatError(
+                    f"pipeline stage {stage}: parameter {name!r} has optimizer state "
+                    f"{sorted(state)} unlike its group's first ({keys} and {sorted(scalars)})")
+            if masters is not None:
+                weight = masters[position]
+            elif name in module:
+                weight = module[name]
+            else:
+                weight = _tied_weight(checkpoint_dir, name, shape, claimed)
+            position += 1
+            tensors[name] = {universal.FP32_KEY: weight.float().reshape(shape),
+                             **{k: v.reshape(shape) for k, v in elementwise.items()}}
+        groups.append(names)
+        keys_per_group.append(keys or [])
+        scalars_per_group.append(scalars or {})
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in saved["param_groups"]]
+    return {"groups": groups, "state_keys": keys_per_group, "scalars": scalars_per_group,
+            "hyper": hyper, "zero_stage": 0, "dp_world_size": int(states.get("dp_world_size", 1)),
+            "sharded_frozen": {}, "tensors": tensors}, loss_scaler
+
+
+def _merge_stages(parts, strict):
+    """The stages' groups merged group by group (a single-stage model's groups), with the
+    first stage's state keys, scalars and hyperparameters, checked against the others'."""
+    count = len(parts[0]["groups"])
+    merged = [OrderedDict() for _ in range(count)]
+    owner = {}
+    for stage, part in enumerate(parts):
+        if len(part["groups"]) != count:
+            raise CheckpointFormatError(
+                f"pipeline stage {stage} has {len(part['groups'])} optimizer param groups, "
+                f"stage 0 has {count}: the stages must be built with the same groups")
+        for index, group in enumerate(part["groups"]):
+            for name, shape in group.items():
+                if name in owner:  # a tied weight: the first stage holding it provides it
+                    if list(shape) != list(merged[index].get(name, shape)) or \
+                            name not in merged[index]:
+                        raise CheckpointFormatError(
+                            f"parameter {name!r} is held by several pipeline stages in "
+                            f"different optimizer groups or shapes")
+                    continue
+                owner[name] = stage
+                merged[index][name] = list(shape)
+    first = {"state_keys": None, "scalars": None, "hyper": None}
+    for index in range(count):
+        holders = [p for p in parts if p["groups"][index]]
+        reference = holders[0] if holders else parts[0]
+        for key in first:
+            if first[key] is None:
+                first[key] = []
+            first[key].append(reference[key][index])
+        for stage, part in enumerate(parts):
+            if part is reference or not part["groups"][index]:
+                continue
+            if part["state_keys"][index] != reference["state_keys"][index]:
+                raise CheckpointFormatError(
+                    f"optimizer group {index}: pipeline stage {stage} keeps state "
+                    f"{part['state_keys'][index]}, another stage "
+                    f"{reference['state_keys'][index]}")
+            for key, what in (("scalars", "optimizer scalars"), ("hyper", "hyperparameters")):
+                if strict and not _same(part[key][index], reference[key][index]):
+                    raise CheckpointFormatError(
+                        f"optimizer group {index}: pipeline stage {stage}'s {what} "
+                        f"{part[key][index]} differ from another stage's "
+                        f"{reference[key][index]} (--no_strict keeps the first stage's)")
+    return merged, owner, first
+
+
+def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_workers,
+                     merge_workers, keep_temp_folder, strict, inject_missing_state):
+    """``convert`` for a pipeline checkpoint whose stage-0 model states are ``first_states``."""
+    stages = int(first_states[fp32_script.PIPELINE_STAGES])
+    out_dir = os.path.join(output_folder, tag)
+    temp_dir = os.path.join(output_folder, TEMP_DIRNAME)
+    mp_ranks = fp32_script._mp_ranks(checkpoint_dir)
+    if mp_ranks and mp_ranks != list(range(stages)):
+        raise CheckpointFormatError(
+            f"'{checkpoint_dir}' holds ZeRO files of model-parallel ranks {mp_ranks} for "
+            f"{stages} pipeline stages; only pipelines without tensor parallelism (one "
+            f"model-parallel rank per stage) convert")
+    all_states = [_stage_states(checkpoint_dir, s, stages, first_states) for s in range(stages)]
+    fresh_dirs(out_dir, temp_dir)
+    if mp_ranks:
+        parts, loss_scaler = _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir,
+                                               extract_workers, strict, inject_missing_state)
+    else:
+        claimed = _claimed_layers(all_states)
+        parts = [_torch_stage_part(checkpoint_dir, states, s, claimed)
+                 for s, states in enumerate(all_states)]
+        loss_scaler = parts[0][1]
+        parts = [p for p, _ in parts]
+    groups, owner, first = _merge_stages(parts, strict)
+
+    jobs = []
+    for name, stage in owner.items():
+        part = parts[stage]
+        if "tensors" in part:
+            for key, tensor in part["tensors"][name].items():
+                path = universal.param_file(out_dir, name, key)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                atomic_torch_save({"param": tensor.clone()}, path)
+        else:
+            jobs.append(part["jobs"][name])
+    frozen = OrderedDict()
+    for part in parts:
+        for name, shape in part["sharded_frozen"].items():
+            if name not in frozen:
+                frozen[name] = shape
+                jobs.append(part["jobs"][name])
+    pool_map(merge_param, jobs, merge_workers)
+    for states in all_states:
+        frozen.update(write_module_frozen(states, out_dir, set(frozen)))
+
+    module, buffers = OrderedDict(), []
+    for states in all_states:
+        for key, value in states["module"].items():
+            module.setdefault(key, value)
+        buffers += [b for b in states.get("buffer_names") or () if b not in buffers]
+    for name in owner:
+        if name not in module:  # tied weights: from the converted fp32 tensor
+            module[name] = universal.load_param_state(out_dir, name, mmap=False).clone()
+    model_states = dict(first_states)
+    model_states.pop(fp32_script.PIPELINE_STAGES, None)
+    model_states.update({"module": module, "optimizer": None, "buffer_names": buffers,
+                         "param_shapes": groups, "frozen_param_shapes": dict(frozen),
+                         "shared_params": {}, "mp_world_size": 1})
+    source = {"zero_stage": parts[0]["zero_stage"], "dp_world_size": parts[0]["dp_world_size"],
+              "ds_version": str(first_states.get("ds_version")), "pipeline_stages": stages}
+    info = universal_info(tag, source, groups, frozen, first["state_keys"], first["scalars"],
+                          first["hyper"], loss_scaler)
+    return finish(checkpoint_dir, output_folder, tag, info, model_states, keep_temp_folder)
