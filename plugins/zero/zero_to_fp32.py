@@ -1,6 +1,10 @@
 #!/usr/bin/env python
 """Whole fp32 weights out of a ZeRO checkpoint, in process or as an offline script.
 
+One file past 600 lines on purpose: a ZeRO save copies it into the checkpoint folder, where it
+runs as a script on machines without DeepSpeed (or with another version), so it must stay a
+single standalone file importing nothing from ``deepspeed`` (see "Standalone" below).
+
 Under ZeRO no file holds the model: each data-parallel rank saved only its slice of the fp32
 master weights (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``), and under ZeRO-3 the model
 states file holds empty placeholders. This module rebuilds an ordinary ``state_dict`` (same keys
@@ -73,6 +77,11 @@ def _log(message):
 def _load(path):
     """Memory-mapped: tensors are paged in only when read, so skipped entries cost nothing."""
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def _frozen_shapes(model_states):
+    """``{name: shape}`` of the parameters saved with ``requires_grad=False``."""
+    return model_states.get("frozen_param_shapes") or {}
 
 
 # ------------------------------------------------------------------------- the layout
@@ -163,7 +172,16 @@ class _ZeroCheckpoint:
                 self._open.pop(rank, None)
 
     def frozen_shape(self, name):
-        return torch.Size((self.model_states.get("frozen_param_shapes") or {})[name])
+        return torch.Size(_frozen_shapes(self.model_states)[name])
+
+    def shape(self, name):
+        """The full shape of a trained or ZeRO-3 frozen parameter."""
+        return self.shapes[name] if name in self.numels else self.frozen_shape(name)
+
+    def dtype(self, name):
+        """The dtype ``materialise`` gives ``name``: fp32 masters for trained parameters, the
+        stored dtype for frozen ones (no fp32 copy of them exists)."""
+        return torch.float32 if name in self.numels else self.model_states["module"][name].dtype
 
     def materialise(self, names):
         """Whole tensors for trained (fp32 partitions) and ZeRO-3 frozen (``frozen_shards``)
@@ -194,7 +212,7 @@ class _ZeroCheckpoint:
                     f"does not record the parameter's full shape")
             out[name] = flat_frozen[name][:frozen_numel[name]].clone()
         for name in list(out):
-            shape = self.shapes[name] if name in self.numels else self.frozen_shape(name)
+            shape = self.shape(name)
             out[name] = out[name].view(shape)
             _log(f"{name}: {tuple(shape)} {out[name].dtype}")
         return out
@@ -228,7 +246,7 @@ def _pipeline_layer_entries(tag_dir, model_states):
     parameters come from the fp32 partitions as usual. (Buffers and frozen parameters of tied
     modules, ``tied_modules.*``, are not recovered.)"""
     wanted = set(model_states.get("buffer_names") or ()) | \
-        set((model_states.get("frozen_param_shapes") or {}).keys())
+        set(_frozen_shapes(model_states))
     trained = {n for group in model_states.get("param_shapes") or [] for n in group}
     layers = sorted({int(n.split(".", 1)[0]) for n in wanted | trained
                      if n.split(".", 1)[0].isdigit()})
@@ -294,14 +312,12 @@ def _plain_moe_state_dict(tag_dir, exclude_frozen_parameters, lazy_mode):
     if states.get(MOE_STATE_KEY) is None or states.get("module") is None:
         return None
     _with_moe_experts(tag_dir, states)
-    frozen = set((states.get("frozen_param_shapes") or {}).keys())
+    frozen = set(_frozen_shapes(states))
     out = OrderedDict()
     for key, value in states["module"].items():
         if exclude_frozen_parameters and key in frozen:
             continue
-        value = value.clone()
-        out[key] = LazyTensor(None, key, value.shape, value.dtype, value=value) \
-            if lazy_mode else value
+        out[key] = _stored_value(None, key, value, lazy_mode)
     _log(f"MoE checkpoint '{tag_dir}' without ZeRO: {len(out)} entries from the model states "
          f"and expert files")
     return out
@@ -356,7 +372,7 @@ def _plan(checkpoint, exclude_frozen_parameters):
     from partitions), ``("module", name)`` (stored whole) or ``("alias", target key)``."""
     states = checkpoint.model_states
     module = states.get("module") or {}
-    frozen = set((states.get("frozen_param_shapes") or {}).keys())
+    frozen = set(_frozen_shapes(states))
     shared = dict(states.get("shared_params") or {})
     plan = []
     for key, value in module.items():
@@ -377,11 +393,6 @@ def _plan(checkpoint, exclude_frozen_parameters):
     return plan
 
 
-def _planned_shape(checkpoint, name):
-    return checkpoint.frozen_shape(name) if name not in checkpoint.numels else \
-        checkpoint.shapes[name]
-
-
 def _resolve(plan, values):
     out = OrderedDict()
     for key, (kind, name) in plan:
@@ -395,33 +406,35 @@ def _resolve(plan, values):
     return out
 
 
-def _module_value(checkpoint, name):
-    # cloned so the result does not keep the memory-mapped model states file alive
-    return checkpoint.model_states["module"][name].clone()
+def _stored_value(checkpoint, name, value, lazy_mode):
+    """An entry stored whole (buffers, frozen weights, expert files): a ``LazyTensor`` holding it,
+    or a clone, so the result does not keep the memory-mapped file alive."""
+    if lazy_mode:
+        return LazyTensor(checkpoint, name, value.shape, value.dtype, value=value)
+    return value.clone()
+
+
+def _built_values(checkpoint, names, lazy_mode):
+    """``{name: tensor}`` of parameters built from the rank files: ``LazyTensor`` values that
+    read them on ``contiguous()``, or the tensors, read in one pass over the rank files."""
+    if not names:
+        return {}
+    if lazy_mode:
+        return {n: LazyTensor(checkpoint, n, checkpoint.shape(n), checkpoint.dtype(n))
+                for n in names}
+    return checkpoint.materialise(list(names))
 
 
 def _state_dict(checkpoint, exclude_frozen_parameters, lazy_mode):
     plan = _plan(checkpoint, exclude_frozen_parameters)
-    values = {}
-    if lazy_mode:
-        for key, (kind, name) in plan:
-            if kind == "fp32":
-                shape = _planned_shape(checkpoint, name)
-                dtype = torch.float32 if name in checkpoint.numels else \
-                    checkpoint.model_states["module"][name].dtype
-                values[key] = LazyTensor(checkpoint, name, shape, dtype)
-            elif kind == "module":
-                stored = checkpoint.model_states["module"][name]
-                values[key] = LazyTensor(checkpoint, name, stored.shape, stored.dtype,
-                                         value=stored)
-    else:
-        values.update(checkpoint.materialise([n for _, (kind, n) in plan if kind == "fp32"]))
-        values.update({n: _module_value(checkpoint, n) for _, (kind, n) in plan
-                       if kind == "module"})
-    for key, (kind, name) in plan:
-        if kind == "alias" and name not in values and name in checkpoint.numels:
-            values[name] = (LazyTensor(checkpoint, name, checkpoint.shapes[name], torch.float32)
-                            if lazy_mode else checkpoint.materialise([name])[name])
+    values = _built_values(checkpoint, [n for _, (kind, n) in plan if kind == "fp32"], lazy_mode)
+    module = checkpoint.model_states.get("module") or {}
+    values.update({n: _stored_value(checkpoint, n, module[n], lazy_mode)
+                   for _, (kind, n) in plan if kind == "module"})
+    # tied parameters whose target is not otherwise in the result
+    targets = OrderedDict((n, None) for _, (kind, n) in plan
+                          if kind == "alias" and n not in values and n in checkpoint.numels)
+    values.update(_built_values(checkpoint, targets, lazy_mode))
     return _resolve(plan, values)
 
 
