@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from moe_helpers import TinyMoEModel, loss_of, model_params_from_reference
+from moe_helpers import TinyMoEModel, ep_model, global_expert_name, loss_of, moe_param_groups
 
 MICRO, LR, IN, OUT, NUM_EXPERTS = 6, 0.1, 4, 3, 4
 EXPERT_FILES = [f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(NUM_EXPERTS)]
@@ -27,21 +27,13 @@ def _engine(ep_size, seed, extra=None):
     """An engine whose weights are those of the ep-1 reference built after ``manual_seed(seed)``
     (so different seeds give different weights, whatever the layout)."""
     import deepspeed
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-    from deepspeed.utils import groups
 
-    torch.manual_seed(seed)
-    reference = TinyMoEModel(ep_size=1, num_experts=NUM_EXPERTS)
-    model = TinyMoEModel(ep_size=ep_size, num_experts=NUM_EXPERTS)
-    ep_rank = groups._get_expert_parallel_rank(model.moe.expert_group_name) if ep_size > 1 else 0
-    model_params_from_reference(model, reference, ep_rank)
+    model, _ = ep_model(ep_size, seed, num_experts=NUM_EXPERTS)
     config = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 6,
               "optimizer": {"type": "SGD", "params": {"lr": LR, "momentum": 0.9}},
               **(extra or {})}
-    engine, *_ = deepspeed.initialize(
-        model=model, config=config,
-        model_parameters=split_params_into_different_moe_groups_for_optimizer(
-            {"params": list(model.parameters()), "name": "parameters"}))
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      model_parameters=moe_param_groups(model))
     return engine
 
 
@@ -67,13 +59,8 @@ def _global_params(engine):
     """This rank's parameters under the ep-1 model's names (global expert ids)."""
     layer = engine.module.moe
     first = (_ep_rank(layer) if layer.ep_size > 1 else 0) * layer.num_local_experts
-    prefix, params = "moe.deepspeed_moe.experts.deepspeed_experts.", {}
-    for name, value in engine.module.named_parameters():
-        if name.startswith(prefix):
-            local, rest = name[len(prefix):].split(".", 1)
-            name = f"{prefix}{first + int(local)}.{rest}"
-        params[name] = value.detach().clone()
-    return params
+    return {global_expert_name(name, first): value.detach().clone()
+            for name, value in engine.module.named_parameters()}
 
 
 def _ep_rank(layer):

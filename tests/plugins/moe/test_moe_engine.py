@@ -11,52 +11,22 @@ gradient, which gives the global mean."""
 import pytest
 import torch
 
-from moe_helpers import TinyMoEModel, loss_of, model_params_from_reference
+from moe_helpers import MICRO, ep_model, global_batches, global_expert_name, loss_of, \
+    moe_param_groups, train_reference
 
-STEPS, MICRO, LR, IN, OUT = 3, 6, 0.1, 4, 3
+LR = 0.1
 
 
 def _model_kwargs(k, drop_tokens):
     return {"num_experts": 4, "k": k, "drop_tokens": drop_tokens}
 
 
-def _data(world, gas, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    return [[[(torch.randn(MICRO, IN, generator=g), torch.randn(MICRO, OUT, generator=g))
-              for _ in range(gas)] for _ in range(world)] for _ in range(STEPS)]
-
-
-def _reference(data, model_kwargs):
-    torch.manual_seed(0)
-    model = TinyMoEModel(ep_size=1, **model_kwargs)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for step in data:
-        shards = [pair for rank in step for pair in rank]
-        opt.zero_grad()
-        total = 0.0
-        for x, y in shards:
-            loss = loss_of(model, x, y)
-            (loss / len(shards)).backward()
-            total += loss.item()
-        opt.step()
-        losses.append(total / len(shards))
-    return losses, model
-
-
 def _train(ep_size, data, gas, model_kwargs, extra=None):
     import deepspeed
     import deepspeed.comm as dist
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-    from deepspeed.utils import groups
 
-    torch.manual_seed(0)
-    reference = TinyMoEModel(ep_size=1, **model_kwargs)
-    model = TinyMoEModel(ep_size=ep_size, **model_kwargs)
-    ep_rank = groups._get_expert_parallel_rank(model.moe.expert_group_name)
-    model_params_from_reference(model, reference, ep_rank)
-    param_groups = split_params_into_different_moe_groups_for_optimizer(
-        {"params": list(model.parameters()), "name": "parameters"})
+    model, ep_rank = ep_model(ep_size, **model_kwargs)
+    param_groups = moe_param_groups(model)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
               "optimizer": {"type": "SGD", "params": {"lr": LR}}, "steps_per_print": 10 ** 6,
               **(extra or {})}
@@ -80,22 +50,19 @@ def _train(ep_size, data, gas, model_kwargs, extra=None):
 
 
 def _check(results, data, model_kwargs, num_local):
-    ref_losses, ref_model = _reference(data, model_kwargs)
+    ref_model, ref_losses, _ = train_reference(data, LR, **model_kwargs)
     expected = dict(ref_model.named_parameters())
-    prefix = "moe.deepspeed_moe.experts.deepspeed_experts."
     for losses, params, ep_rank, moe_groups in results:
         assert moe_groups == ["ep_size_2"]  # the param-group split reached the optimizer
         assert losses == pytest.approx(ref_losses, abs=1e-6)
         for name, value in params.items():
-            if name.startswith(prefix):
-                local, rest = name[len(prefix):].split(".", 1)
-                name = f"{prefix}{ep_rank * num_local + int(local)}.{rest}"
+            name = global_expert_name(name, ep_rank * num_local)
             torch.testing.assert_close(value, expected[name].detach(), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("k,drop_tokens", [(1, True), (1, False), (2, True), (2, False)])
 def test_two_ranks_ep2_train_like_the_single_process_reference(dist_pool, k, drop_tokens):
-    data = _data(world=2, gas=1)
+    data = global_batches(world=2, gas=1)
     kwargs = _model_kwargs(k, drop_tokens)
     results = dist_pool.run(_train, world_size=2, args=(2, data, 1, kwargs))
     assert [r[3] for r in results] == [["ep_size_2"]] * 2
@@ -103,7 +70,7 @@ def test_two_ranks_ep2_train_like_the_single_process_reference(dist_pool, k, dro
 
 
 def test_four_ranks_ep2_average_experts_over_the_expert_data_parallel_group(dist_pool):
-    data = _data(world=4, gas=2)
+    data = global_batches(world=4, gas=2)
     kwargs = _model_kwargs(1, True)
     results = dist_pool.run(_train, world_size=4, args=(2, data, 2, kwargs))
     assert [r[2] for r in results] == [0, 1, 0, 1]

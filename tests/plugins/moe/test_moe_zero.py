@@ -10,48 +10,24 @@ once and sums expert gradients over the expert-parallel group
 import pytest
 import torch
 
-from moe_helpers import TinyMoEModel, loss_of, model_params_from_reference
+from moe_helpers import EXPERTS_PREFIX, MICRO, TinyMoEModel, ep_model, global_batches, \
+    global_expert_name, loss_of, moe_param_groups, train_reference
 
-STEPS, MICRO, LR, IN, OUT, CLIP = 3, 6, 0.1, 4, 3, 0.05
+LR, CLIP = 0.1, 0.05
 KWARGS = {"num_experts": 4, "k": 1, "drop_tokens": True}
-PREFIX = "moe.deepspeed_moe.experts.deepspeed_experts."
-
-
-def _data(world, gas, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    return [[[(torch.randn(MICRO, IN, generator=g), torch.randn(MICRO, OUT, generator=g))
-              for _ in range(gas)] for _ in range(world)] for _ in range(STEPS)]
 
 
 def _reference(data, clip):
-    torch.manual_seed(0)
-    model = TinyMoEModel(ep_size=1, **KWARGS)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    norms = []
-    for step in data:
-        shards = [pair for rank in step for pair in rank]
-        opt.zero_grad()
-        for x, y in shards:
-            (loss_of(model, x, y) / len(shards)).backward()
-        if clip:
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
-        opt.step()
+    model, _, norms = train_reference(data, LR, clip, **KWARGS)
     return {name: p.detach().clone() for name, p in model.named_parameters()}, norms
 
 
 def _train(ep_size, data, gas, stage, clip, extra=None):
     import deepspeed
     import deepspeed.comm as dist
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-    from deepspeed.utils import groups
 
-    torch.manual_seed(0)
-    reference = TinyMoEModel(ep_size=1, **KWARGS)
-    model = TinyMoEModel(ep_size=ep_size, **KWARGS)
-    ep_rank = groups._get_expert_parallel_rank(model.moe.expert_group_name)
-    model_params_from_reference(model, reference, ep_rank)
-    param_groups = split_params_into_different_moe_groups_for_optimizer(
-        {"params": list(model.parameters()), "name": "parameters"})
+    model, ep_rank = ep_model(ep_size, **KWARGS)
+    param_groups = moe_param_groups(model)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
               "optimizer": {"type": "SGD", "params": {"lr": LR}}, "steps_per_print": 10 ** 6,
               "gradient_clipping": clip, "zero_allow_untested_optimizer": True,
@@ -68,12 +44,9 @@ def _train(ep_size, data, gas, stage, clip, extra=None):
             engine.backward(loss)
             engine.step()
         norms.append(engine.get_global_grad_norm())
-    params = {}
-    for name, p in engine.module.named_parameters():
-        if name.startswith(PREFIX):  # this rank's local expert index -> the global one
-            local, rest = name[len(PREFIX):].split(".", 1)
-            name = f"{PREFIX}{ep_rank * model.moe.num_local_experts + int(local)}.{rest}"
-        params[name] = p.detach().float().cpu().clone()
+    first_expert = ep_rank * model.moe.num_local_experts
+    params = {global_expert_name(name, first_expert): p.detach().float().cpu().clone()
+              for name, p in engine.module.named_parameters()}
     # how ZeRO partitioned each param group: over how many ranks, and the model's dtype
     sizes = [comm[2] for comm in getattr(engine.optimizer, "group_comms", [])]
     dtype = str(next(engine.module.parameters()).dtype)
@@ -96,7 +69,7 @@ def _all_experts(results, expected):
 @pytest.mark.parametrize("world", [2, 4])
 def test_zero_1_and_2_with_clipping_equal_zero_0_and_the_reference(dist_pool, world):
     gas = 1 if world == 2 else 2
-    data = _data(world, gas)
+    data = global_batches(world, gas)
     expected, ref_norms = _reference(data, CLIP)
     assert all(n > CLIP for n in ref_norms)  # the clipping is active every step
     for stage in (0, 1, 2):
@@ -111,7 +84,7 @@ def test_zero_1_and_2_with_clipping_equal_zero_0_and_the_reference(dist_pool, wo
 
 def test_zero_2_small_buckets_and_no_clipping(dist_pool):
     """Several buckets per group, chunked all-gathers, all-reduce instead of reduce-scatter."""
-    data = _data(4, 1)
+    data = global_batches(4, 1)
     expected, _ = _reference(data, 0)
     extra = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 40,
                                    "allgather_bucket_size": 20, "reduce_scatter": False}}
@@ -125,7 +98,7 @@ def test_zero_2_small_buckets_and_no_clipping(dist_pool):
     {"fp16": {"enabled": True, "loss_scale": 128}},
 ])
 def test_16_bit_runs_close_to_the_fp32_reference(dist_pool, stage, precision):
-    data = _data(2, 1)
+    data = global_batches(2, 1)
     expected, ref_norms = _reference(data, CLIP)
     results = dist_pool.run(_train, world_size=2, args=(2, data, 1, stage, CLIP, precision))
     dtype = "torch.bfloat16" if "bf16" in precision else "torch.float16"
@@ -134,13 +107,13 @@ def test_16_bit_runs_close_to_the_fp32_reference(dist_pool, stage, precision):
         _assert_params(params, expected, 2e-2)
         assert norms == pytest.approx(ref_norms, rel=5e-2)
     # the 16-bit weights agree between ranks where they are the same weights
-    dense = [n for n in results[0][0] if not n.startswith(PREFIX)]
+    dense = [n for n in results[0][0] if not n.startswith(EXPERTS_PREFIX)]
     for name in dense:
         torch.testing.assert_close(results[0][0][name], results[1][0][name], atol=0, rtol=0)
 
 
 def test_zero_0_16_bit_with_clipping_runs_close_to_the_fp32_reference(dist_pool):
-    data = _data(2, 1)
+    data = global_batches(2, 1)
     expected, ref_norms = _reference(data, CLIP)
     results = dist_pool.run(_train, world_size=2,
                             args=(2, data, 1, 0, CLIP, {"bf16": {"enabled": True}}))
@@ -204,9 +177,8 @@ def _save_resume(save_dir, stage):
     partitions)."""
     import deepspeed
     import deepspeed.comm as dist
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
-    data = _data(2, 1)
+    data = global_batches(2, 1)
     rank = dist.get_rank()
 
     def build():
@@ -215,9 +187,8 @@ def _save_resume(save_dir, stage):
         config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_clipping": CLIP,
                   "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
                   "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 6}
-        groups = split_params_into_different_moe_groups_for_optimizer(
-            {"params": list(model.parameters()), "name": "parameters"})
-        return deepspeed.initialize(model=model, model_parameters=groups, config=config)[0]
+        return deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
+                                    config=config)[0]
 
     def train(engine, steps):
         for step in steps:
@@ -247,16 +218,14 @@ def test_zero_checkpoint_resumes_at_the_same_expert_layout(dist_pool, tmp_path, 
 
 def _engine_with_bucket(bucket):
     import deepspeed
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
     torch.manual_seed(0)
     model = TinyMoEModel(ep_size=2, **KWARGS)
     config = {"train_micro_batch_size_per_gpu": MICRO, "zero_allow_untested_optimizer": True,
               "optimizer": {"type": "SGD", "params": {"lr": LR}},
               "zero_optimization": {"stage": 2, "reduce_bucket_size": bucket}}
-    groups = split_params_into_different_moe_groups_for_optimizer(
-        {"params": list(model.parameters()), "name": "parameters"})
-    return deepspeed.initialize(model=model, model_parameters=groups, config=config)[0]
+    return deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
+                                config=config)[0]
 
 
 def _save_then_load_with_other_buckets(save_dir):
