@@ -25,7 +25,8 @@ OPTIMIZER = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
 
 
 class Phases:
-    """Per-phase wall time of the current step, summed over a round."""
+    """Per-phase wall time of the current step, summed over a round (a subclass names other
+    phases: ``pipe_bench.py``'s)."""
 
     NAMES = ("forward", "backward", "allreduce", "grad_norm", "optimizer")
 
@@ -49,6 +50,18 @@ def timed(phases, name, fn):
         finally:
             phases.add(name, time.perf_counter() - start)
     return wrapper
+
+
+def wrap_methods(phases, wraps):
+    """Time each ``(owner, method name, phase)`` of ``wraps`` into ``phases``, on that instance
+    only. The engines are still evolving, so a method that is gone leaves its phase unmeasured
+    (or partly) with a warning, rather than failing the benchmark."""
+    for owner, method, phase in wraps:
+        if hasattr(owner, method):
+            setattr(owner, method, timed(phases, phase, getattr(owner, method)))
+        else:
+            print(f"warning: {type(owner).__name__}.{method} not found; phase '{phase}' is "
+                  f"not (fully) measured", file=sys.stderr)
 
 
 def tensor_bytes(tensors):
@@ -87,20 +100,13 @@ class EngineContestant:
         return config
 
     def instrument(self, phases):
-        """Time the engine's own phases by wrapping its methods on this instance only. The
-        engine is still evolving, so a method that is gone leaves its phase unmeasured (0)
-        with a warning, rather than failing the benchmark."""
+        """Time the engine's own phases by wrapping its methods on this instance only."""
         self.phases = phases
         e = self.engine
         optimizer = getattr(e, "basic_optimizer", None) or e.optimizer
-        for owner, method, phase in ((e, "allreduce_gradients", "allreduce"),
-                                     (e, "_clip_gradients", "grad_norm"),
-                                     (optimizer, "step", "optimizer")):
-            if hasattr(owner, method):
-                setattr(owner, method, timed(phases, phase, getattr(owner, method)))
-            else:
-                print(f"warning: {type(owner).__name__}.{method} not found; phase '{phase}' "
-                      f"is not measured", file=sys.stderr)
+        wrap_methods(phases, ((e, "allreduce_gradients", "allreduce"),
+                              (e, "_clip_gradients", "grad_norm"),
+                              (optimizer, "step", "optimizer")))
 
     def step(self, x, y):
         e = self.engine
@@ -253,8 +259,7 @@ class ZeroContestant(EngineContestant):
             wraps += [(reducer, "_launch", "allreduce"), (reducer, "_complete", "allreduce")]
         else:
             wraps += [(reducer, "reduce_param_grads", "allreduce")]
-        for owner, method, phase in wraps:
-            setattr(owner, method, timed(phases, phase, getattr(owner, method)))
+        wrap_methods(phases, wraps)
 
     def parameters(self):
         """ZeRO-3 holds shards: gather full copies for the agreement check."""

@@ -193,9 +193,13 @@ def worker(args):
     tdist.destroy_process_group()
 
 
-def report(args, results, names):
+def report_rounds(args):
     print(f"rounds: {args.rounds} x {args.steps} timed steps per contestant, "
           f"{args.warmup} warm-up steps first")
+
+
+def report(args, results, names):
+    report_rounds(args)
     for name in names:
         ms = sorted(t * 1e3 for t in results.wall[name])
         print(f"  {name:6s} step ms: median {statistics.median(ms):.2f}  min {ms[0]:.2f}  "
@@ -224,20 +228,44 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _spawned(local_rank, args, port):
+def _spawned(local_rank, worker, args, world_size, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
-                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(args.world_size))
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
     worker(args)
+
+
+def spawn(worker, args, world_size):
+    """``worker(args)`` on ``world_size`` fresh local processes, one gloo rank each."""
+    torch.multiprocessing.spawn(_spawned, args=(worker, args, world_size, _free_port()),
+                                nprocs=world_size, join=True)
+
+
+def run_ranks(worker, args, world_size):
+    """Every bench's start: under a launcher (``RANK`` set) this process is one rank and runs
+    ``worker(args)``; run directly, it spawns ``world_size`` ranks (``OMP_NUM_THREADS`` set to
+    ``--threads``). With ``--rss_each`` (``zero_bench.py``, ``pipe_bench.py``) each contestant
+    of ``args.names`` runs alone in its own fresh ranks, one after the other, so that each
+    process's peak RSS is that contestant's."""
+    rss_each = getattr(args, "rss_each", False)
+    if "RANK" in os.environ:
+        if rss_each:
+            raise SystemExit("--rss_each spawns its own process pairs; run it directly, not "
+                             "under a launcher (use --only NAME there)")
+        worker(args)
+        return
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    if not rss_each:
+        spawn(worker, args, world_size)
+        return
+    for name in list(args.names):
+        print(f"=== {name} alone", flush=True)
+        args.only, args.names = name, [name]
+        spawn(worker, args, world_size)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if "RANK" in os.environ:  # started by a launcher: we are one rank
-        worker(args)
-        return
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    torch.multiprocessing.spawn(_spawned, args=(args, _free_port()), nprocs=args.world_size,
-                                join=True)
+    run_ranks(worker, args, args.world_size)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,10 @@ from torch.nn import functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1] / "examples"), str(HERE)]
-from engine_vs_ddp import _free_port, max_abs_difference, slowest  # noqa: E402
+from contestants import Phases as StepPhases, timed, wrap_methods  # noqa: E402
+from engine_vs_ddp import max_abs_difference, report_rounds, run_ranks, slowest  # noqa: E402
 from gpt import Block, GPTConfig, MarkovTokens  # noqa: E402
-from zero_bench import gathered, peak_rss_mib  # noqa: E402
+from zero_bench import gathered, peak_rss_mib, report_rss  # noqa: E402
 
 NAMES = ("deepspeed_pipe", "torch_1f1b", "torch_gpipe", "ddp")
 REFERENCE = "torch_1f1b"
@@ -149,24 +150,10 @@ class Layers(nn.Sequential):
 
 
 # ----------------------------------------------------------------------------- timers
-class Phases:
+class Phases(StepPhases):
     """Wall time per phase, summed over the steps of a round, on this rank."""
 
-    def __init__(self):
-        self.totals = dict.fromkeys(PHASES, 0.0)
-
-    def reset(self):
-        self.totals = dict.fromkeys(PHASES, 0.0)
-
-
-def timed(phases, name, fn):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            phases.totals[name] += time.perf_counter() - start
-    return wrapper
+    NAMES = PHASES
 
 
 class _P2PTimer:
@@ -232,17 +219,12 @@ class DeepSpeedPipe:
     def instrument(self, phases):
         self.phases = phases
         e = self.engine
-        for method, phase in (("_exec_forward_pass", "compute"), ("_exec_backward_pass", "compute"),
-                              ("_exec_send_activation", "p2p"), ("_exec_recv_activation", "p2p"),
-                              ("_exec_send_grad", "p2p"), ("_exec_recv_grad", "p2p"),
-                              ("_fetch_batch", "sync"), ("_exec_reduce_tied_grads", "sync"),
-                              ("_exec_reduce_grads", "sync"),
-                              ("_exec_optimizer_step", "optimizer")):
-            if hasattr(e, method):
-                setattr(e, method, timed(phases, phase, getattr(e, method)))
-            else:
-                print(f"warning: PipelineEngine.{method} not found; phase '{phase}' is partly "
-                      f"unmeasured", file=sys.stderr)
+        wrap_methods(phases, [(e, method, phase) for method, phase in (
+            ("_exec_forward_pass", "compute"), ("_exec_backward_pass", "compute"),
+            ("_exec_send_activation", "p2p"), ("_exec_recv_activation", "p2p"),
+            ("_exec_send_grad", "p2p"), ("_exec_recv_grad", "p2p"), ("_fetch_batch", "sync"),
+            ("_exec_reduce_tied_grads", "sync"), ("_exec_reduce_grads", "sync"),
+            ("_exec_optimizer_step", "optimizer"))])
 
     def step(self, x, y):
         micro = zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches))
@@ -446,16 +428,11 @@ def worker(args):
               f"{bounds[0]}-{bounds[1] - 1} | {bounds[1]}-{bounds[2] - 1} (of embeddings, "
               f"{cfg.n_layer} blocks, head); {world} gloo ranks x {args.threads} thread(s); "
               f"torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
-        print(f"rounds: {args.rounds} x {args.steps} timed steps per contestant, "
-              f"{args.warmup} warm-up steps first")
+        report_rounds(args)
         report_times(args, results, contestants)
         if args.breakdown:
             report_bubble(args, results, local, phases, contestants)
-        print("peak RSS MiB per rank: before the contestants "
-              + ", ".join(f"{v:.0f}" for v in rss_before) + "; at the end "
-              + ", ".join(f"{v:.0f}" for v in rss_after)
-              + ("" if len(contestants) == 1 else
-                 "  (one process pair for all contestants: one shared peak; --rss_each for each)"))
+        report_rss(rss_before, rss_after, alone=len(contestants) == 1)
         report_agreement(args, losses, diffs)
     for c in contestants:
         c.destroy()
@@ -567,32 +544,9 @@ def parse_args(argv=None):
     return args
 
 
-def _spawned(local_rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
-                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(STAGES))
-    worker(args)
-
-
-def spawn(args):
-    torch.multiprocessing.spawn(_spawned, args=(args, _free_port()), nprocs=STAGES, join=True)
-
-
 def main(argv=None):
     args = parse_args(argv)
-    if "RANK" in os.environ:  # started by a launcher: we are one rank
-        if args.rss_each:
-            raise SystemExit("--rss_each spawns its own process pairs; run it directly (use "
-                             "--only NAME under a launcher)")
-        worker(args)
-        return
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    if not args.rss_each:
-        spawn(args)
-        return
-    for name in list(args.names):
-        print(f"=== {name} alone", flush=True)
-        args.only, args.names = name, [name]
-        spawn(args)
+    run_ranks(worker, args, STAGES)
 
 
 if __name__ == "__main__":

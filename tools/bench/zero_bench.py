@@ -29,8 +29,8 @@ import torch.distributed as tdist
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1] / "examples"), str(HERE)]
 from contestants import CONTESTANTS, Phases  # noqa: E402
-from engine_vs_ddp import (_free_port, build_parser, check_args, max_abs_difference,  # noqa: E402
-                           measure, start_worker)
+from engine_vs_ddp import (build_parser, check_args, max_abs_difference, measure,  # noqa: E402
+                           report_rounds, run_ranks, start_worker)
 
 DEFAULT = "DDP,stage0,stage1,stage2,stage2_overlap,stage2_offload"
 REFERENCE = "DDP"
@@ -68,6 +68,16 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def report_rss(before, after, alone):
+    """Each rank's peak RSS before the contestants were built and at the end; ``alone``: one
+    contestant had the process pair to itself, so the peak is its own."""
+    print("peak RSS MiB per rank: before the contestants "
+          + ", ".join(f"{v:.0f}" for v in before) + "; at the end "
+          + ", ".join(f"{v:.0f}" for v in after)
+          + ("" if alone else
+             "  (one process pair for all contestants: one shared peak; --rss_each for each)"))
+
+
 def gathered(value):
     """``value`` from every rank, in rank order."""
     out = [None] * tdist.get_world_size()
@@ -93,14 +103,10 @@ def worker(args):
               f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}")
         for c in contestants:
             print(f"  {c.name:16s} optimizer: {getattr(c, 'optimizer_name', 'torch.optim.AdamW')}")
-        print(f"rounds: {args.rounds} x {args.steps} timed steps per contestant, "
-              f"{args.warmup} warm-up steps first")
+        report_rounds(args)
         report_times(args, results, contestants)
         report_state(state, world)
-        print("peak RSS MiB per rank: before the contestants "
-              + ", ".join(f"{v:.0f}" for v in rss_before) + "; at the end "
-              + ", ".join(f"{v:.0f}" for v in rss_after)
-              + ("" if args.only else "  (one process pair for all contestants: one shared peak)"))
+        report_rss(rss_before, rss_after, alone=len(contestants) == 1)
         if not args.only:
             report_agreement(args, final)
     for c in contestants:
@@ -154,34 +160,10 @@ def report_agreement(args, final):
               f"max abs diff {max_abs_difference(mine, ref):.2e}")
 
 
-# ----------------------------------------------------------------------------- spawning
-def _spawned(local_rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
-                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(args.world_size))
-    worker(args)
-
-
-def spawn(args):
-    torch.multiprocessing.spawn(_spawned, args=(args, _free_port()), nprocs=args.world_size,
-                                join=True)
-
-
+# ----------------------------------------------------------------------------- start
 def main(argv=None):
     args = parse_args(argv)
-    if "RANK" in os.environ:  # started by a launcher: we are one rank
-        if args.rss_each:
-            raise SystemExit("--rss_each spawns its own process pairs; run it directly, not "
-                             "under a launcher (use --only NAME there)")
-        worker(args)
-        return
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    if not args.rss_each:
-        spawn(args)
-        return
-    for name in list(args.names):
-        print(f"=== {name} alone", flush=True)
-        args.only, args.names = name, [name]
-        spawn(args)
+    run_ranks(worker, args, args.world_size)
 
 
 if __name__ == "__main__":
