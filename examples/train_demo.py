@@ -21,7 +21,8 @@ from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt import GPT, GPTConfig, MarkovTokens  # noqa: E402  (the example's sibling module)
+from common import global_mean, positive_int, replicas_identical  # noqa: E402  (siblings)
+from gpt import GPT, GPTConfig, MarkovTokens  # noqa: E402
 
 MODEL = GPTConfig(vocab_size=32, block_size=32, n_layer=2, n_head=4, n_embd=64)
 
@@ -32,13 +33,6 @@ CONFIG = {
     "optimizer": {"type": "AdamW",
                   "params": {"lr": 5e-3, "betas": [0.9, 0.95], "weight_decay": 0.0}},
 }
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 def parse_args():
@@ -54,17 +48,6 @@ def parse_args():
                         help="rank 0 prints the mean loss every N steps (default 50)")
     deepspeed.add_config_arguments(parser)
     return parser.parse_args()
-
-
-def global_mean(value, world):
-    """The mean over ranks of a local float (a collective: every rank must call it)."""
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.item() / world
-
-
-def weights_checksum(module):
-    return torch.stack([p.detach().double().sum() for p in module.parameters()]).sum()
 
 
 def main():
@@ -108,11 +91,7 @@ def main():
         last = global_mean(window / window_steps, world)
         first = last if first is None else first
 
-    # replicas must agree: compare a checksum of the weights across ranks
-    checksum = weights_checksum(engine.module)
-    high, low = checksum.clone(), checksum.clone()
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    identical = replicas_identical(engine.module.parameters())  # replicas must agree
     plugins = sorted(name for name, _ in engine.plugins.list_name_plugin()) or ["none"]
     if rank == 0:
         print("=" * 60)
@@ -122,7 +101,7 @@ def main():
         print(f"  enabled plugins   : {', '.join(plugins)}")
         print(f"  optimizer steps   : {engine.global_steps} x {engine.train_batch_size()} samples")
         print(f"  loss              : {first:.4f} -> {last:.4f}")
-        print(f"  replicas identical: {bool((high - low).abs() < 1e-9)}")
+        print(f"  replicas identical: {identical}")
         print(f"  wall time         : {time.perf_counter() - start:.1f} s")
         print("=" * 60)
     if last >= first:

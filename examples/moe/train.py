@@ -46,18 +46,12 @@ from torch.nn import functional as F
 import deepspeed
 from deepspeed import comm as dist
 from deepspeed.moe.layer import MoE
-from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+from deepspeed.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from common import global_mean, positive_int, replicas_identical  # noqa: E402
 from gpt import GPT, GPTConfig, MarkovTokens  # noqa: E402  (the README demo's model and data)
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 def parse_args():
@@ -160,24 +154,6 @@ def create_moe_param_groups(model):
     return split_params_into_different_moe_groups_for_optimizer(parameters)
 
 
-def global_mean(value, world):
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.item() / world
-
-
-def dense_replicas_identical(module):
-    """Dense weights must be the same on every rank (experts differ by design)."""
-    from deepspeed.moe.utils import is_moe_param
-
-    dense = [p.detach().double().sum() for p in module.parameters() if not is_moe_param(p)]
-    checksum = torch.stack(dense).sum()
-    high, low = checksum.clone(), checksum.clone()
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
-    return bool((high - low).abs() < 1e-9)
-
-
 def main():
     args = parse_args()
     deepspeed.init_distributed()  # the MoE layers build their expert groups when constructed
@@ -245,7 +221,8 @@ def main():
         eval_lm, _ = engine(rows[:, :-1].to(engine.device), rows[:, 1:].to(engine.device))
     eval_lm = global_mean(eval_lm.item(), world)
     counts = expert_load(model, engine.device)
-    identical = dense_replicas_identical(engine.module)
+    # dense weights must be the same on every rank (experts differ by design)
+    identical = replicas_identical(p for p in engine.module.parameters() if not is_moe_param(p))
     if rank == 0:
         print("=" * 60)
         print(f"MoE example summary ({world} ranks, ep_size {ep_size}, backend "

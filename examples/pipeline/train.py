@@ -19,6 +19,7 @@ the dataset to ``deepspeed.initialize`` instead, and ``train_batch()`` then read
 """
 import argparse
 import os
+import sys
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ from deepspeed.pipe import LayerSpec, PipelineModule
 from deepspeed.utils import RepeatingLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from common import positive_int  # noqa: E402  (the examples' shared helpers)
+
 NUM_CLASSES = 10
 
 
@@ -79,13 +83,6 @@ class AlexNetPipe(PipelineModule):
             LayerSpec(nn.Linear, 128, num_classes),
         ]
         super().__init__(layers=specs, loss_fn=nn.CrossEntropyLoss(), **kwargs)
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 def parse_args():
