@@ -93,9 +93,40 @@ def _optimizer_state_owner(layers):
     return index, dist.get_rank() == index
 
 
+def _rank_tables(layer):
+    """``{"expert_parallel_ranks": [...], "expert_data_parallel_ranks": [...]}``: the rank of
+    every global rank in its expert-parallel and expert-data-parallel group of a split layer
+    (offline tools such as ``ds_to_universal`` map each rank's files through them). Read off
+    the layout of ``groups._expert_layout`` that holds this rank's expert-parallel group, so no
+    collective is needed."""
+    if layer.ep_size == 1:
+        return {}
+    from deepspeed.utils import groups
+
+    world = int(dist.get_world_size())
+    group = groups._get_expert_parallel_group(layer.expert_group_name)
+    mine = [dist.get_global_rank(group, i) for i in range(dist.get_world_size(group=group))]
+    for swapped in (False, True):
+        expert_lists, data_lists = groups._expert_layout(world, int(layer.ep_size), swapped)
+        if mine in expert_lists:
+            break
+    else:
+        return {}
+    tables = {}
+    for key, lists in (("expert_parallel_ranks", expert_lists),
+                       ("expert_data_parallel_ranks", data_lists)):
+        table = [0] * world
+        for ranks in lists:
+            for index, rank in enumerate(ranks):
+                table[rank] = index
+        tables[key] = table
+    return tables
+
+
 def _layout(engine, layers, optimizer_files):
     return {"layers": [{"name": name, "num_experts": int(layer.num_experts),
-                        "ep_size": int(layer.ep_size)} for name, layer in layers],
+                        "ep_size": int(layer.ep_size), **_rank_tables(layer)}
+                       for name, layer in layers],
             "world_size": int(dist.get_world_size()),
             "optimizer_files": bool(optimizer_files)}
 

@@ -31,6 +31,13 @@ into any non-pipeline engine whose ``state_dict`` names are the pipeline's globa
 into a ``PipelineEngine`` is not supported (each stage would have to take its own parameters by
 name); a pipeline resumes from its own checkpoint, at its own shape. Tensor-parallel ranks
 inside stages are refused.
+
+MoE checkpoints (``moe_checkpoint`` in the model-states file: experts in files of their own)
+convert too, saved with ZeRO 1/2 (expert param groups partitioned over their
+expert-data-parallel group) or without ZeRO (optimizer state per expert-parallel rank)
+(``deepspeed.zero.ds_to_universal_moe``): the result holds every expert under the global names
+of the model with ``ep_size`` 1, and loads into such a model. ZeRO-3, frozen experts and
+pipelines with MoE layers are refused.
 """
 import argparse
 import os
@@ -42,6 +49,7 @@ import torch
 from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import CheckpointFormatError, load_file
 from deepspeed.checkpoint.layout import LATEST_FILENAME, model_states_filename, read_latest
+from deepspeed.zero import ds_to_universal_moe as moe
 from deepspeed.zero import zero_to_fp32 as fp32_script
 from deepspeed.zero.ds_to_universal_phases import (
     TEMP_DIRNAME, check_ranks_agree, checked_groups, extract_rank, finish, fresh_dirs,
@@ -99,18 +107,37 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
         raise ValueError(f"--output_folder '{output_folder}' must differ from the input")
     model_states = load_file(os.path.join(checkpoint_dir, model_states_filename(0)))
     if model_states.get(fp32_script.PIPELINE_STAGES) is not None:
+        if model_states.get(moe.MOE_STATE_KEY) is not None:
+            raise CheckpointFormatError("pipeline checkpoints with MoE layers do not convert")
         return convert_pipeline(checkpoint_dir, tag, output_folder, model_states,
                                 num_extract_workers, num_merge_workers, keep_temp_folder,
                                 strict, inject_missing_state)
+    moe_state = model_states.get(moe.MOE_STATE_KEY)
+    if moe_state is not None and moe_state.get("optimizer_files"):  # no ZeRO, ep > 1
+        return moe.convert_plain(checkpoint_dir, tag, output_folder, model_states, strict,
+                                 keep_temp_folder)
     shapes = param_shapes(model_states, inject_missing_state)
     world = rank_world(checkpoint_dir, strict)
+    plan = moe.moe_plan(model_states, world)
     fresh_dirs(out_dir, temp_dir)
 
-    summaries = pool_map(extract_rank, [(checkpoint_dir, r, world, temp_dir)
+    summaries = pool_map(extract_rank, [(checkpoint_dir, r, world, temp_dir, 0, plan)
                                         for r in range(world)], num_extract_workers)
     check_ranks_agree(summaries, strict)
     first = summaries[0]
     groups = checked_groups(first, shapes, model_states, strict)
+    hyper = first["param_groups"]
+    if plan is not None:
+        moe.check_supported(model_states, first)
+        groups = moe.global_groups(plan, first["layout"], groups)
+        # the module with every expert (from their files), under the ep-1 model's names
+        model_states = dict(model_states)
+        fp32_script._with_moe_experts(checkpoint_dir, model_states)
+        model_states.pop(moe.MOE_STATE_KEY)
+        model_states["param_shapes"] = [OrderedDict(g) for g in groups]
+        # the expert groups' names (``ep_size_<n>``) are the saved layout's, not the ep-1 one's
+        hyper = [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")}
+                 for h in hyper]
     sharded = frozen_shapes(model_states, first["frozen"])
     jobs = merge_jobs(groups, first["state_keys"], sharded, world, temp_dir, out_dir)
     frozen = OrderedDict(sharded)
@@ -119,8 +146,10 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
 
     source = {"zero_stage": int(first["zero_stage"]), "dp_world_size": world,
               "ds_version": str(model_states.get("ds_version"))}
+    if plan is not None:
+        source["moe"] = [{k: v for k, v in layer.items()} for layer in moe_state["layers"]]
     info = universal_info(tag, source, groups, frozen, first["state_keys"],
-                          first["optimizer_scalars"], first["param_groups"],
+                          first["optimizer_scalars"], hyper,
                           saved_loss_scaler(checkpoint_dir))
     return finish(checkpoint_dir, output_folder, tag, info,
                   _whole_module(model_states, out_dir, groups, frozen), keep_temp_folder)

@@ -22,7 +22,7 @@ from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import (CheckpointFormatError, atomic_torch_save,
                                          atomic_write_text, load_file)
 from deepspeed.checkpoint.layout import LATEST_FILENAME, model_states_filename
-from deepspeed.zero.checkpoint_layout import partition_ranges
+from deepspeed.zero.checkpoint_layout import partition_numel, partition_ranges
 from deepspeed.zero.checkpointing import optim_states_filename
 
 OPTIM_SUFFIX = "_optim_states.pt"
@@ -97,12 +97,25 @@ def _summary(state):
 
 def extract_rank(job):
     """Phase 1 for one source rank: one fragment file per parameter it holds a slice of."""
-    checkpoint_dir, rank, world, temp_dir, *mp_rank = job  # mp_rank: a pipeline stage
+    # mp_rank: a pipeline stage; moe: ``ds_to_universal_moe.moe_plan`` (an MoE checkpoint)
+    checkpoint_dir, rank, world, temp_dir, *rest = job
+    mp_rank, moe = rest[:1], (rest[1] if len(rest) > 1 else None)
     state = load_cpu(optim_file(checkpoint_dir, rank, *mp_rank))["optimizer_state_dict"]
     for group, described in enumerate(state["layout"]):
         flat = state["single_partition_of_fp32_groups"][group]
         moments = state["optimizer_state"][group]
-        for name, start, stop, at in partition_ranges(described, world, rank):
+        group_world, group_rank, rename = world, rank, None
+        if moe:  # expert groups: partitioned over their expert-data-parallel group
+            from deepspeed.zero.ds_to_universal_moe_plan import group_placement
+
+            group_world, group_rank, rename = group_placement(moe, described, world, rank)
+        if partition_numel(described, group_world) != flat.numel():
+            raise CheckpointFormatError(
+                f"rank {rank}'s optimizer file holds {flat.numel()} elements of param group "
+                f"{group}, its layout {partition_numel(described, group_world)} over "
+                f"{group_world} ranks: the group was partitioned over another process group")
+        for name, start, stop, at in partition_ranges(described, group_world, group_rank):
+            name = rename(name) if rename else name
             n = stop - start
             fragment = {"start": start, "stop": stop, universal.FP32_KEY: flat[at:at + n].clone()}
             fragment.update({k: v[at:at + n].clone() for k, v in moments.items()})

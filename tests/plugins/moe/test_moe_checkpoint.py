@@ -138,7 +138,10 @@ def test_expert_files_model_states_without_experts_and_per_rank_optimizer_files(
     assert not [k for k in state["module"] if "deepspeed_experts" in k]
     assert "moe.deepspeed_moe.gate.wg.weight" in state["module"]
     assert state["optimizer"] is None  # per expert-parallel rank, in the expp_rank files
-    assert state["moe_checkpoint"]["layers"] == [{"name": "moe", "num_experts": 4, "ep_size": 2}]
+    # with each global rank's rank in its expert-parallel and expert-data-parallel group
+    assert state["moe_checkpoint"]["layers"] == [
+        {"name": "moe", "num_experts": 4, "ep_size": 2, "expert_parallel_ranks": [0, 1],
+         "expert_data_parallel_ranks": [0, 0]}]
     expert3 = load_file(os.path.join(ckpt, EXPERT_FILES[3]))
     assert sorted(expert3) == sorted(f"moe.deepspeed_moe.experts.deepspeed_experts.3.{k}"
                                      for k in ("0.weight", "0.bias", "2.weight", "2.bias"))

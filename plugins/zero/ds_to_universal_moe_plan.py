@@ -1,0 +1,100 @@
+"""Where an MoE checkpoint's expert partitions sit (``ds_to_universal`` for MoE): which split
+layer a ZeRO param group holds, the expert-data-parallel world and rank it was cut with, and
+the global names of its local experts. Plain data and arithmetic, shared by the extract phase
+(``ds_to_universal_phases``) and the MoE conversion (``ds_to_universal_moe``), importing
+neither.
+"""
+from collections import OrderedDict
+
+from deepspeed.checkpoint.atomic import CheckpointFormatError
+
+MOE_STATE_KEY = "moe_checkpoint"
+EXPERTS_INFIX = "deepspeed_moe.experts.deepspeed_experts."
+
+
+def moe_plan(model_states, world):
+    """The split MoE layers of an MoE checkpoint saved by ``world`` ranks, as plain data for
+    the extract workers: ``[{"prefix", "ep_size", "num_local", "ep_ranks", "edp_ranks"}]``;
+    ``None`` when the checkpoint is not an MoE one."""
+    moe = model_states.get(MOE_STATE_KEY)
+    if moe is None:
+        return None
+    saved_world = int(moe.get("world_size", world))
+    if saved_world != world:
+        raise CheckpointFormatError(f"the MoE layout was saved by {saved_world} ranks and the "
+                                    f"ZeRO files by {world}: the files are from different saves")
+    plan = []
+    for index, layer in enumerate(moe["layers"]):
+        ep = int(layer["ep_size"])
+        if ep == 1:
+            continue  # experts replicated like dense weights: global names already
+        num_experts = int(layer["num_experts"])
+        ep_ranks = list(layer.get("expert_parallel_ranks") or [r % ep for r in range(world)])
+        edp_ranks = list(layer.get("expert_data_parallel_ranks") or
+                         [r // ep for r in range(world)])
+        if len(ep_ranks) != world or len(edp_ranks) != world or num_experts % ep:
+            raise CheckpointFormatError(f"MoE layer {index} ('{layer['name']}') records a layout "
+                                        f"for {len(ep_ranks)} ranks, {num_experts} experts over "
+                                        f"ep_size {ep}; the ZeRO files are from {world} ranks")
+        name = layer["name"]
+        plan.append({"prefix": f"{name}.{EXPERTS_INFIX}" if name else EXPERTS_INFIX,
+                     "ep_size": ep, "num_local": num_experts // ep,
+                     "ep_ranks": ep_ranks, "edp_ranks": edp_ranks})
+    return plan
+
+
+def layer_of(plan, name):
+    return next((layer for layer in plan if name.startswith(layer["prefix"])), None)
+
+
+def global_name(layer, name, ep_rank):
+    """A local expert parameter name of expert-parallel rank ``ep_rank`` under its global id."""
+    local, rest = name[len(layer["prefix"]):].split(".", 1)
+    return f"{layer['prefix']}{ep_rank * layer['num_local'] + int(local)}.{rest}"
+
+
+def group_layer(plan, described):
+    """The split layer whose experts a described param group holds (``None``: a dense group,
+    partitioned over the data-parallel group). A group mixing them is refused, as ZeRO does."""
+    names = [n for bucket in described for n in bucket["params"]]
+    layers = [layer_of(plan, n) for n in names]
+    if not names or layers[0] is None:
+        if any(layer is not None for layer in layers):
+            raise CheckpointFormatError(f"an optimizer param group mixes expert and dense "
+                                        f"parameters ({names[:4]}...)")
+        return None
+    if any(layer is not layers[0] for layer in layers):
+        raise CheckpointFormatError(f"an optimizer param group mixes the experts of several "
+                                    f"MoE layers or dense parameters ({names[:4]}...)")
+    return layers[0]
+
+
+def group_placement(plan, described, world, rank):
+    """``(world, rank, rename)`` of one rank file's described group."""
+    layer = group_layer(plan, described) if plan else None
+    if layer is None:
+        return world, rank, lambda name: name
+    ep_rank = layer["ep_ranks"][rank]
+    return (world // layer["ep_size"], layer["edp_ranks"][rank],
+            lambda name: global_name(layer, name, ep_rank))
+
+
+def global_groups(plan, layout, groups):
+    """The groups of rank 0's (local) names expanded to every expert's global name: an expert
+    group holds the experts of every expert-parallel rank, in global-id order."""
+    out = []
+    for described, group in zip(layout, groups):
+        layer = group_layer(plan, described) if plan else None
+        if layer is None:
+            out.append(group)
+            continue
+        expanded = OrderedDict()
+        for ep_rank in range(layer["ep_size"]):
+            for name, shape in group.items():
+                expanded[global_name(layer, name, ep_rank)] = shape
+        out.append(OrderedDict(sorted(expanded.items(), key=lambda item: _order(layer, item[0]))))
+    return out
+
+
+def _order(layer, name):
+    return int(name[len(layer["prefix"]):].split(".", 1)[0])  # stable: keeps each expert's order

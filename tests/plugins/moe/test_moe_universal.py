@@ -1,0 +1,222 @@
+"""``ds_to_universal`` on MoE checkpoints: a ZeRO-2 run with ep 2 on 4 ranks (dense groups
+partitioned over 4 ranks, expert groups over the 2 ranks holding the same experts) converts
+into the layout the ep-1 model (every expert) would have saved, and loading it with
+``load_universal`` into an ep-1 engine on 1 rank (ZeRO 1, and without ZeRO) gives exactly the
+saved engine's fp32 weights and Adam moments. The same holds for an ep-2 checkpoint saved
+without ZeRO on 2 ranks (the optimizer state in one file per expert-parallel rank)."""
+import os
+
+import pytest
+import torch
+
+from moe_helpers import EXPERTS_PREFIX, ep_model, global_expert_name, loss_of, moe_param_groups
+
+MICRO, IN, OUT, NUM_EXPERTS, TAG = 6, 4, 3, 4, "ckpt"
+STATE_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def _engine(ep_size, stage, seed=0, load_universal=False):
+    import deepspeed
+
+    model, ep_rank = ep_model(ep_size, seed, num_experts=NUM_EXPERTS)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 6,
+              "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+              "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": stage}}
+    if load_universal:
+        config["checkpoint"] = {"load_universal": True}
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      model_parameters=moe_param_groups(model))
+    return engine, ep_rank * model.moe.num_local_experts
+
+
+def _swapped_groups(ep_size, build):
+    """Drop this process's cached ep groups of ``ep_size``; with ``build``, rebuild them in the
+    swapped layout (``use_data_before_expert_parallel_``), which MoE layers then reuse."""
+    from deepspeed.utils import groups
+
+    name = groups._expert_group_name(ep_size)
+    groups._EXPERT_PARALLEL_GROUP.pop(name, None)
+    groups._EXPERT_DATA_PARALLEL_GROUP.pop(name, None)
+    if build:
+        groups._create_expert_and_data_parallel(ep_size, use_data_before_expert_parallel_=True)
+
+
+def _save(save_dir, ep_size, stage, swapped=False):
+    """2 Adam steps, then this rank's fp32 weights and moments under the ep-1 names."""
+    _swapped_groups(ep_size, swapped)
+    try:
+        return _train_and_save(save_dir, ep_size, stage)
+    finally:
+        if swapped:
+            _swapped_groups(ep_size, False)
+
+
+def _train_and_save(save_dir, ep_size, stage):
+    import deepspeed.comm as dist
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    engine, first = _engine(ep_size, stage)
+    g = torch.Generator().manual_seed(1)
+    data = [[(torch.randn(MICRO, IN, generator=g), torch.randn(MICRO, OUT, generator=g))
+             for _ in range(dist.get_world_size())] for _ in range(2)]
+    for step in data:
+        x, y = step[dist.get_rank()]
+        engine.backward(loss_of(engine, x, y))
+        engine.step()
+    engine.save_checkpoint(save_dir, tag=TAG)
+    out = {}
+    for name, param in engine.module.named_parameters():
+        if stage == 0:
+            state = engine.basic_optimizer.state[param]
+            values = {"fp32": param.detach().clone(), **{k: state[k].clone() for k in STATE_KEYS}}
+        else:
+            values = {"fp32": safe_get_full_fp32_param(param).clone(),
+                      **{k: safe_get_full_optimizer_state(param, k).clone() for k in STATE_KEYS}}
+        out[global_expert_name(name, first)] = values
+    engine.destroy()
+    return out
+
+
+def _merged(results):
+    merged = {}
+    for values in results:
+        for name, value in values.items():
+            if name in merged:  # replicas (dense weights, an expert's edp ranks) agree
+                for key in value:
+                    assert torch.equal(merged[name][key], value[key]), (name, key)
+            merged[name] = value
+    assert len([n for n in merged if n.startswith(EXPERTS_PREFIX)]) == 4 * NUM_EXPERTS
+    return merged
+
+
+def _load_universal(universal_dir, stage):
+    """An ep-1 engine (different initial weights) loading the universal checkpoint."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    engine, _ = _engine(1, stage, seed=7, load_universal=True)
+    engine.load_checkpoint(universal_dir, tag=TAG)
+    assert engine.global_steps == 2
+    loaded = {}
+    for name, param in engine.module.named_parameters():
+        if stage == 0:
+            state = engine.basic_optimizer.state[param]
+            loaded[name] = {"fp32": param.detach().clone(),
+                            **{k: state[k].clone() for k in STATE_KEYS}}
+        else:
+            loaded[name] = {"fp32": safe_get_full_fp32_param(param).clone(),
+                            **{k: safe_get_full_optimizer_state(param, k).clone()
+                               for k in STATE_KEYS}}
+        assert torch.equal(param.detach(), loaded[name]["fp32"]), name
+    engine.destroy()
+    return loaded
+
+
+# (world size, ZeRO stage, swapped expert layout) of the ep-2 source runs
+SOURCES = {"zero2": (4, 2, False), "zero2_swapped": (4, 2, True), "no_zero": (2, 0, False)}
+
+
+@pytest.fixture(scope="module", params=sorted(SOURCES))
+def ep2_source(request, dist_pool, tmp_path_factory):
+    """An ep-2 checkpoint (ZeRO-2 on 4 ranks: expert groups partitioned over 2 ranks; or
+    without ZeRO on 2 ranks: optimizer state per expert-parallel rank), the saved fp32 weights
+    and moments under the ep-1 names, and its universal conversion."""
+    from deepspeed.checkpoint.ds_to_universal import convert
+
+    world, stage, swapped = SOURCES[request.param]
+    root = tmp_path_factory.mktemp(f"moe_universal_{request.param}")
+    saved = _merged(dist_pool.run(_save, world_size=world,
+                                  args=(str(root / "src"), 2, stage, swapped)))
+    if swapped:  # ep groups [0, 2] and [1, 3]: the recorded tables say so
+        from deepspeed.checkpoint import load_file
+
+        layer = load_file(root / "src" / TAG / "mp_rank_00_model_states.pt")[
+            "moe_checkpoint"]["layers"][0]
+        assert layer["expert_parallel_ranks"] == [0, 0, 1, 1]
+        assert layer["expert_data_parallel_ranks"] == [0, 1, 0, 1]
+    convert(str(root / "src"), str(root / "universal"), num_extract_workers=1,
+            num_merge_workers=1)
+    return root, saved, world, stage
+
+
+def test_conversion_holds_every_expert_under_global_names(ep2_source):
+    from deepspeed.checkpoint import load_file
+    from deepspeed.checkpoint.universal import load_param_state, read_info
+
+    root, saved, world, stage = ep2_source
+    out = root / "universal" / TAG
+    info = read_info(out)
+    assert info["source"]["zero_stage"] == stage and info["source"]["dp_world_size"] == world
+    assert [layer["ep_size"] for layer in info["source"]["moe"]] == [2]
+    experts = [n for n in info["group_params"][1]]
+    assert sorted(experts) == sorted(n for n in saved if n.startswith(EXPERTS_PREFIX))
+    assert experts[0].startswith(f"{EXPERTS_PREFIX}0.") and \
+        experts[-1].startswith(f"{EXPERTS_PREFIX}{NUM_EXPERTS - 1}.")
+    assert "name" not in info["param_groups"][1]  # ep_size_2: the saved layout's group name
+    assert info["state_keys"] == [sorted(STATE_KEYS)] * 2
+    for name, values in saved.items():
+        for key, want in values.items():
+            assert torch.equal(load_param_state(out, name, key), want), (name, key)
+    states = load_file(out / "mp_rank_00_model_states.pt")
+    assert "moe_checkpoint" not in states
+    assert sorted(states["module"]) == sorted(saved)
+    for name, values in saved.items():
+        assert torch.equal(states["module"][name], values["fp32"]), name
+    assert not [f for f in os.listdir(out) if f.startswith(("layer_", "expp_", "zero_"))]
+    assert not (root / "universal" / "tmp").exists()
+
+
+@pytest.mark.parametrize("stage", [1, 0])
+def test_loads_into_an_ep1_engine_on_one_rank(dist_pool, ep2_source, stage):
+    root, saved, *_ = ep2_source
+    loaded = dist_pool.run(_load_universal, world_size=1,
+                           args=(str(root / "universal"), stage))[0]
+    assert sorted(loaded) == sorted(saved)
+    for name, values in saved.items():
+        for key, want in values.items():
+            assert torch.equal(loaded[name][key], want), (name, key)
+
+
+def test_incomplete_moe_checkpoints_are_refused(ep2_source, tmp_path):
+    """A missing expert file or per-expert-parallel-rank optimizer file names what is missing."""
+    import shutil
+
+    from deepspeed.checkpoint import CheckpointFormatError
+    from deepspeed.checkpoint.ds_to_universal import convert, main
+
+    root, _, _, stage = ep2_source
+    source = tmp_path / TAG
+    shutil.copytree(root / "src" / TAG, source)
+    victim = "expp_rank_1_mp_rank_00_optim_states.pt" if stage == 0 else \
+        "layer_0_expert_3_mp_rank_00_model_states.pt"
+    os.remove(source / victim)
+    with pytest.raises((CheckpointFormatError, FileNotFoundError),
+                       match="expert_3|deepspeed_experts.2."):
+        convert(source, tmp_path / "out", num_extract_workers=1, num_merge_workers=1)
+    assert main(["--input_folder", str(source), "--output_folder", str(tmp_path / "o")]) == 1
+
+
+def test_expert_groups_are_cut_by_the_recorded_rank_tables():
+    """The swapped layout (``use_data_before_expert_parallel_``: ep groups [0, 2], [1, 3]) as
+    the checkpoint records it, and the default one checkpoints without the tables assume."""
+    from deepspeed.zero.ds_to_universal_moe import global_groups, group_placement, moe_plan
+
+    layer = {"name": "moe", "num_experts": 4, "ep_size": 2}
+    described = [[{"params": [f"{EXPERTS_PREFIX}1.0.weight"], "numels": [8], "padded": 8}]]
+    dense = [{"params": ["inp.weight"], "numels": [8], "padded": 8}]
+    swapped = dict(layer, expert_parallel_ranks=[0, 0, 1, 1],
+                   expert_data_parallel_ranks=[0, 1, 0, 1])
+    for entry, want in ((swapped, [(0, 1), (1, 1), (0, 3), (1, 3)]),
+                        (layer, [(0, 1), (0, 3), (1, 1), (1, 3)])):
+        plan = moe_plan({"moe_checkpoint": {"layers": [entry], "world_size": 4}}, 4)
+        got = []
+        for rank in range(4):
+            world, group_rank, rename = group_placement(plan, described[0], 4, rank)
+            assert world == 2
+            got.append((group_rank, int(rename(f"{EXPERTS_PREFIX}1.0.weight")
+                                        [len(EXPERTS_PREFIX):].split(".")[0])))
+            assert group_placement(plan, dense, 4, rank)[:2] == (4, rank)
+        assert got == want
+    groups = global_groups(plan, [dense] + described,
+                           [{"inp.weight": [8]}, {f"{EXPERTS_PREFIX}1.0.weight": [8]}])
+    assert list(groups[1]) == [f"{EXPERTS_PREFIX}{e}.0.weight" for e in (1, 3)]
