@@ -17,7 +17,7 @@ from deepspeed.utils.logging import logger
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_PORT = 29500
-BACKEND_SETTLE_S = 0.2  # see _destroy_own_group_at_exit (0.05 still aborted ~1 in 80 launches under CI load)
+BACKEND_SETTLE_S = 0.2  # see _destroy_own_group_at_exit (0.05 s: ~1 abort in 80 launches)
 NOT_INITIALIZED_MESSAGE = ("Distributed backend is not initialized. Please set dist_init_required "
                            "to True or initialize before calling deepspeed.initialize()")
 
