@@ -17,7 +17,7 @@ import glob
 import itertools
 import logging
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 from torch import nn
