@@ -17,7 +17,7 @@ from deepspeed.utils.logging import logger
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_PORT = 29500
-BACKEND_SETTLE_S = 0.2  # see _destroy_own_group_at_exit (0.05 s: ~1 abort in 80 launches)
+BACKEND_SETTLE_S = 0.2  # see _settle_backend_at_exit (0.05 s: ~1 abort in 80 launches)
 NOT_INITIALIZED_MESSAGE = ("Distributed backend is not initialized. Please set dist_init_required "
                            "to True or initialize before calling deepspeed.initialize()")
 
@@ -108,6 +108,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
             if verbose:
                 logger.info(f"Using the process group initialised by the caller (backend "
                             f"{dist.get_backend()}, world size {dist.get_world_size()})")
+        _register_exit_hook()
         return
 
     backend = resolve_backend(dist_backend)
@@ -126,17 +127,25 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         raise port_in_use_error(exc, os.environ.get("MASTER_ADDR", "?"),
                                 os.environ.get("MASTER_PORT", "?")) from exc
     state.set_default(timeout, origin="deepspeed.comm")
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        atexit.register(_destroy_own_group_at_exit)
-        _exit_hook_registered = True
+    _register_exit_hook()
 
 
 _exit_hook_registered = False
 
 
-def _destroy_own_group_at_exit():
-    """Tear down the group this module created before the interpreter finalizes.
+def _register_exit_hook():
+    """Registered once, by the first `init_distributed`, whoever created the group: atexit
+    runs hooks last-registered-first, so this one runs after those of the libraries set up
+    later (Accelerate, the HF Trainer)."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_settle_backend_at_exit)
+        _exit_hook_registered = True
+
+
+def _settle_backend_at_exit():
+    """Let the backend's worker threads finish before the interpreter finalizes; tear down
+    the group this module created.
 
     Seen here (torch 2.13, gloo): ~1 in 25 two-rank runs died with SIGABRT ("terminate called
     without an active exception") after the script finished. The core dump shows a gloo worker
@@ -145,12 +154,16 @@ def _destroy_own_group_at_exit():
     in `Py_FinalizeEx`: the thread is cancelled inside a noexcept destructor. Destroying the
     group does not stop those threads once `torch._dynamo` has been imported (any
     `torch.optim` optimizer imports it and something in it keeps the group alive), so the
-    main thread also sleeps briefly with the GIL released: a worker still releasing its last
-    work gets the GIL and finishes before finalization begins.
-    A group the caller created is the caller's to destroy.
+    main thread sleeps briefly with the GIL released: a worker still releasing its last work
+    gets the GIL and finishes before finalization begins.
+    The race does not depend on who created the group: a group the caller created (Accelerate
+    creates its own on CPU) gets the same settle, with the same collectives behind it, but it
+    is the caller's to destroy.
     """
-    if dist.is_initialized() and state.origin() == "deepspeed.comm":
+    if not dist.is_initialized():
+        return
+    time.sleep(BACKEND_SETTLE_S)
+    if state.origin() == "deepspeed.comm":
         from deepspeed.comm.groups import destroy_process_group
 
-        time.sleep(BACKEND_SETTLE_S)
         destroy_process_group()
