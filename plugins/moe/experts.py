@@ -24,12 +24,24 @@ class Experts(nn.Module):
 
     def forward(self, inputs):
         """``inputs`` is ``[ep, num_local_experts, C, M]``: expert ``i`` gets ``inputs[:, i]``
-        (the slots every source rank filled for it) and keeps that shape."""
+        (the slots every source rank filled for it) and keeps that shape.
+
+        The expert runs once per source rank, on that rank's ``[C, M]`` slots, rather than once
+        on the ``ep * C`` rows folded together: a CPU BLAS rounds the same row differently in
+        the last bit depending on how many rows the product has, so folding made a token's
+        output depend on the expert-parallel layout (a checkpoint saved at ep 2 gave outputs
+        1.5e-8 off when loaded at ep 1). Split, every layout computes the same products. Timed
+        with ``tools/bench/moe_bench.py`` (ep 2, 2 CPU ranks, alternating runs): the moe/dense
+        ratio moved within the machine's noise (1.06-1.23 split, 1.08-1.22 folded).
+        """
         chunks = inputs.chunk(self.num_local_experts, dim=1)
         outputs = []
         for chunk, expert in zip(chunks, self.deepspeed_experts):
-            out = expert(chunk)
-            if isinstance(out, tuple):  # Megatron MLPs return (output, bias)
-                out = out[0]
-            outputs.append(out)
+            outs = []
+            for part in chunk.split(1, dim=0):
+                out = expert(part)
+                if isinstance(out, tuple):  # Megatron MLPs return (output, bias)
+                    out = out[0]
+                outs.append(out)
+            outputs.append(torch.cat(outs, dim=0))
         return torch.cat(outputs, dim=1)
