@@ -60,13 +60,15 @@ class _ThenCopy:
         return getattr(self.__dict__["_work"], name)
 
 
-def _reduce_scatter_by_all_reduce(output, input, op, group, async_op):
+def _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_scratch):
     chunk = output.numel()
     size = dist.get_world_size(group)
     if input.numel() != size * chunk:
         raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements but the group "
                          f"size ({size}) x output ({chunk}) is {size * chunk}")
-    buffer = input.detach().reshape(-1).clone()  # the input stays as it was, as torch promises
+    buffer = input.detach().reshape(-1)
+    if not input_is_scratch:  # the input stays as it was, as torch promises
+        buffer = buffer.clone()
     work = dist.all_reduce(buffer, op=op, group=group, async_op=async_op)
     rank = dist.get_rank(group)
 
@@ -79,9 +81,9 @@ def _reduce_scatter_by_all_reduce(output, input, op, group, async_op):
     return _ThenCopy(work, finish)
 
 
-def reduce_scatter_tensor(output, input, op, group, async_op):
+def reduce_scatter_tensor(output, input, op, group, async_op, input_is_scratch=False):
     if backend_of(group) in ALL_REDUCE_FOR_REDUCE_SCATTER:
-        return _reduce_scatter_by_all_reduce(output, input, op, group, async_op)
+        return _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_scratch)
     return capabilities.call(
         "reduce_scatter_tensor", backend_of(group),
         lambda: _reduce_scatter_single(output, _concatenated(input, output), op=op, group=group,

@@ -122,10 +122,14 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 
 
 def reduce_scatter_tensor(output_tensor, input_tensor, op=ReduceOp.SUM, group=None,
-                          async_op=False, prof=False, log_name="reduce_scatter_tensor", debug=None):
+                          async_op=False, prof=False, log_name="reduce_scatter_tensor", debug=None,
+                          input_is_scratch=False):
+    """``input_is_scratch=True`` (not in torch): the caller never reads ``input_tensor`` again,
+    so a backend that runs a reduce-scatter as an all-reduce (gloo) may reduce it in place
+    instead of in an input-sized copy (ZeRO's gradient buckets: one bucket less of peak)."""
     return _call("reduce_scatter_tensor",
                  lambda: backend_ops.reduce_scatter_tensor(output_tensor, input_tensor, op, group,
-                                                           async_op),
+                                                           async_op, input_is_scratch),
                  group=group, size=_nbytes(output_tensor), async_op=async_op, log_name=log_name,
                  prof=prof, debug=debug)
 

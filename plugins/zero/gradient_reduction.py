@@ -164,7 +164,7 @@ class GradientReducer:
         if self.use_reduce_scatter:
             received = self._receive_buffer(bucket, flat)
             work = dist.reduce_scatter_tensor(received, flat, group=group,
-                                              async_op=self.overlap)
+                                              async_op=self.overlap, input_is_scratch=True)
         else:  # documented alternative: all-reduce, keep our piece
             work = dist.all_reduce(flat, group=group, async_op=self.overlap)
             received = flat.narrow(0, rank * bucket.piece, bucket.piece)

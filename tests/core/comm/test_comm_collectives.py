@@ -111,8 +111,13 @@ def _rank_fallback_family(forced, use_subgroup):
         dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
         out["avg"] = t.tolist()
         shard = torch.zeros(2)
-        dist.reduce_scatter_tensor(shard, _x(rank), group=group)
+        given = _x(rank)
+        dist.reduce_scatter_tensor(shard, given, group=group)
         out["reduce_scatter_tensor"] = shard.tolist()
+        out["input_kept"] = torch.equal(given, _x(rank))  # torch's promise
+        scratch_shard = torch.zeros(2)
+        dist.reduce_scatter_tensor(scratch_shard, _x(rank), group=group, input_is_scratch=True)
+        out["reduce_scatter_tensor_scratch"] = scratch_shard.tolist()
         shard = torch.zeros(2)
         dist.reduce_scatter_fn(shard, _x(rank).view(2, 2), op=dist.ReduceOp.MAX, group=group)
         out["reduce_scatter_fn_max"] = shard.tolist()
@@ -171,6 +176,8 @@ def _expected_fallback_family():
         per_rank.append({
             "avg": (total / 2).tolist(),
             "reduce_scatter_tensor": total[2 * rank:2 * rank + 2].tolist(),
+            "input_kept": True,
+            "reduce_scatter_tensor_scratch": total[2 * rank:2 * rank + 2].tolist(),
             "reduce_scatter_fn_max": torch.maximum(x[0], x[1])[2 * rank:2 * rank + 2].tolist(),
             "reduce_scatter": rs_list.tolist(),
             "all_gather_into_tensor": [x[0].tolist(), x[1].tolist()],
