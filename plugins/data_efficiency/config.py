@@ -16,7 +16,9 @@ from .schedule_config import check_difficulty_range, check_schedule
 
 def _check(model, where, difficulty_type="value"):
     check_difficulty_range(model.min_difficulty, model.max_difficulty, where, difficulty_type)
-    model.schedule_config = check_schedule(model.schedule_type, model.schedule_config, where)
+    # validated only: the scheduler normalises its own copy (assigning here would re-run
+    # this validator through pydantic's validate_assignment)
+    check_schedule(model.schedule_type, model.schedule_config, where)
     return model
 
 
