@@ -40,7 +40,7 @@ def _walk(folder, import_name):
 # plugin.
 RUNTIME_COMPAT = "runtime_compat"
 # Plugins whose upstream runtime path is not `deepspeed.runtime.<plugin>`.
-RUNTIME_COMPAT_NAMES = {"sequence": "sequence_parallel"}
+RUNTIME_COMPAT_NAMES = {"sequence": "sequence_parallel", "data_efficiency": "data_pipeline"}
 
 # A plugin's `upstream_paths/` folder holds shims for upstream import paths *anywhere* under
 # `deepspeed` that name one of its features, in particular inside core packages

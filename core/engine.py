@@ -84,7 +84,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
         self.basic_optimizer, self.optimizer, self.precision = self._configure_optimizer(optimizer)
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
-        self.training_dataloader = (self.deepspeed_io(training_data)
+        self.training_dataloader = (self.deepspeed_io(training_data, route="train")
                                     if training_data is not None else None)
         self._warn_lossy_accumulation()
         from deepspeed.checkpoint.engines import checkpoint_engine_for
@@ -192,12 +192,19 @@ class DeepSpeedEngine(torch.nn.Module):
         """A loader giving each data-parallel rank its own shard of ``dataset``."""
         from torch.utils.data import DataLoader, DistributedSampler
 
+        batch_size = batch_size or self.train_micro_batch_size_per_gpu()
+        loader = self.hook.deepspeed_data_loader(
+            engine=self, dataset=dataset, batch_size=batch_size, route=route,
+            pin_memory=pin_memory, data_sampler=data_sampler,
+            collate_fn=collate_fn or self.collate_fn, num_local_io_workers=num_local_io_workers)
+        if loader is not None:
+            return loader
         rank = dist.get_rank(group=self.dp_group)
         drop_last = self.config.core.dataloader_drop_last
         sampler = data_sampler or DistributedSampler(
             dataset, num_replicas=self.dp_world_size, rank=rank, shuffle=False,
             drop_last=drop_last)
-        return DataLoader(dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+        return DataLoader(dataset, batch_size=batch_size,
                           sampler=sampler, collate_fn=collate_fn or self.collate_fn,
                           num_workers=num_local_io_workers or 0,
                           pin_memory=pin_memory and get_accelerator().device_name() != "cpu",
@@ -209,6 +216,9 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.config.fp16_enabled and self.config.fp16_auto_cast:
             args, kwargs = _cast_floats((args, kwargs), torch.float16)
         self.hook.deepspeed_before_forward(engine=self, args=args, kwargs=kwargs)
+        replaced = self.hook.deepspeed_forward_inputs(engine=self, args=args, kwargs=kwargs)
+        if replaced is not None:
+            args, kwargs = replaced
         output = self.module(*args, **kwargs)
         self.hook.deepspeed_after_forward(engine=self, output=output)
         self.timers("forward").stop()

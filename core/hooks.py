@@ -129,6 +129,16 @@ def deepspeed_before_forward(engine, args, kwargs):
     """Called at the start of ``engine(*args, **kwargs)``, before the module runs."""
 
 
+@hookspec(firstresult=True)
+def deepspeed_forward_inputs(engine, args, kwargs):
+    """Replace the inputs of this ``engine(*args, **kwargs)`` call (first result wins).
+
+    Called after ``deepspeed_before_forward``. Return ``(args, kwargs)`` to run the module on
+    those instead (the data-efficiency plugin truncates a batch to the curriculum's sequence
+    length and adds ``curriculum_seqlen`` / ``pld_theta`` keywords), or None to leave them.
+    """
+
+
 @hookspec
 def deepspeed_after_forward(engine, output):
     """Called after the module's forward returned ``output``."""
@@ -170,6 +180,16 @@ def deepspeed_engine_destroy(engine):
     """Called by ``engine.destroy()``: undo what ``deepspeed_engine_init`` attached beyond the
     engine itself (module hooks, process-wide patches, gradient hooks), so nothing outlives
     the engine. All implementations run."""
+
+
+@hookspec(firstresult=True)
+def deepspeed_data_loader(engine, dataset, batch_size, route, pin_memory, data_sampler,
+                          collate_fn, num_local_io_workers):
+    """Build the loader ``engine.deepspeed_io`` returns (first result wins), for plugins that
+    choose the samples themselves (curriculum data sampling). Arguments are
+    ``deepspeed_io``'s, ``batch_size`` already resolved to the micro batch size; ``route`` is
+    ``"train"`` for ``deepspeed.initialize(training_data=...)``. Return an iterable of batches,
+    or None to let the core shard ``dataset`` with a ``DistributedSampler``."""
 
 
 # ---------------------------------------------------------------------------------------------

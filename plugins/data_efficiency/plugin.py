@@ -1,0 +1,222 @@
+"""The ``data_efficiency`` plugin: curriculum learning (legacy seqlen and data sampling),
+random-LTD and progressive layer drop, as the DeepSpeed engine offers them.
+
+It owns three config sections (``data_efficiency``, ``curriculum_learning``,
+``progressive_layer_drop``) and adds upstream's engine methods to the engines it takes part in
+(``set_custom_curriculum_learning_schedule``, ``set_data_post_process_func``,
+``get_pld_theta``, ``random_ltd_initialize`` ...). Per step:
+
+- training forward: the legacy curriculum advances to step ``global_steps + 1`` and the model
+  gets ``curriculum_seqlen`` (or a truncated batch); PLD adds its keywords; random-LTD's
+  scheduler sets this step's kept length and counts its layer tokens;
+- after each optimizer step: PLD's θ advances to ``global_steps``;
+- the training loader is a ``CurriculumDataLoader`` when data sampling is on;
+- checkpoints keep every scheduler's state and the loader's position under
+  ``ds_data_efficiency`` in the model-states file.
+"""
+import types
+
+from deepspeed import comm as dist
+from deepspeed.hooks import hookimpl
+from deepspeed.plugin_manager import DeepSpeedPlugin
+from deepspeed.utils.logging import log_dist
+
+from .config import CurriculumLearningLegacyConfig, DataEfficiencyConfig, \
+    ProgressiveLayerDropConfig
+from .curriculum_scheduler import CurriculumScheduler
+from .engine_inputs import accepts_keyword, truncate
+from .progressive_layer_drop import ProgressiveLayerDrop
+
+STATE_KEY = "ds_data_efficiency"
+
+
+class DataEfficiencyPlugin(DeepSpeedPlugin):
+    config_sections = {"data_efficiency": DataEfficiencyConfig,
+                       "curriculum_learning": CurriculumLearningLegacyConfig,
+                       "progressive_layer_drop": ProgressiveLayerDropConfig}
+
+    def __init__(self):
+        self.data_efficiency = None
+        self.legacy = None  # CurriculumScheduler of the legacy section
+        self.legacy_as_keyword = True
+        self.pld = None
+        self.random_ltd = None  # RandomLTDScheduler
+        self.loader = None  # CurriculumDataLoader
+        self.custom_schedules = {}
+        self.post_process_func = None
+
+    # ------------------------------------------------------------------ set-up
+    @hookimpl
+    def deepspeed_engine_init(self, engine, config):
+        de = config.section("data_efficiency")
+        self.data_efficiency = de if de is not None and de.enabled else None
+        legacy = config.section("curriculum_learning")
+        if legacy is not None and legacy.enabled:
+            self.legacy = CurriculumScheduler(legacy.model_dump(), where="curriculum_learning")
+            self.legacy_as_keyword = accepts_keyword(engine.module, "curriculum_seqlen")
+        pld = config.section("progressive_layer_drop")
+        if pld is not None and pld.enabled:
+            for name in ("progressive_layer_drop", "pld_theta"):
+                if not accepts_keyword(engine.module, name):
+                    raise TypeError(f"progressive_layer_drop is enabled, but "
+                                    f"{type(engine.module).__name__}.forward takes no '{name}' "
+                                    f"keyword; the engine passes progressive_layer_drop=True, "
+                                    f"pld_theta=<theta> in training forwards")
+            self.pld = ProgressiveLayerDrop(theta=pld.theta, gamma=pld.gamma)
+            log_dist(f"Enabled progressive layer dropping (theta = {pld.theta})", ranks=[0])
+        if self.data_efficiency is not None and self.data_efficiency.random_ltd_enabled():
+            from .random_ltd import RandomLTDScheduler
+
+            self.random_ltd = RandomLTDScheduler(self.data_efficiency.data_routing.random_ltd,
+                                                 global_batch_size=engine.train_batch_size(),
+                                                 seed=self.data_efficiency.seed)
+        self._attach_engine_api(engine)
+
+    def _attach_engine_api(self, engine):
+        """Upstream's engine methods for these features, bound to this engine."""
+        plugin = self
+        methods = {
+            "set_custom_curriculum_learning_schedule":
+                lambda eng, schedule: plugin.set_custom_schedule(schedule),
+            "set_data_post_process_func": lambda eng, fn: plugin.set_post_process(fn),
+            "get_pld_theta": lambda eng: plugin.pld.get_theta() if plugin.pld else None,
+            "curriculum_enabled_legacy": lambda eng: plugin.legacy is not None,
+            "random_ltd_enabled": lambda eng: plugin.random_ltd is not None,
+            "data_sampling_enabled": lambda eng: (plugin.data_efficiency is not None and
+                                                  plugin.data_efficiency.sampling_enabled()),
+            "random_ltd_initialize": lambda eng: plugin.random_ltd_initialize(eng),
+        }
+        for name, fn in methods.items():
+            object.__setattr__(engine, name, types.MethodType(fn, engine))
+        for name, value in (("curriculum_scheduler_legacy", self.legacy),
+                            ("progressive_layer_drop", self.pld),
+                            ("random_ltd_scheduler", self.random_ltd)):
+            object.__setattr__(engine, name, value)
+
+    def set_custom_schedule(self, schedule):
+        """A callable sets the legacy curriculum's schedule; a dict ``{metric: callable}`` the
+        data-sampling metrics' (upstream takes the dict)."""
+        if callable(schedule):
+            if self.legacy is None:
+                raise ValueError("set_custom_curriculum_learning_schedule got one function, "
+                                 "which sets the legacy curriculum_learning schedule, but that "
+                                 "section is not enabled; pass {metric_name: function} for "
+                                 "data_efficiency curriculum metrics")
+            self.legacy.set_custom_get_difficulty(schedule)
+            return
+        if not isinstance(schedule, dict):
+            raise TypeError(f"set_custom_curriculum_learning_schedule takes a function or a dict "
+                            f"{{metric_name: function}}, got {type(schedule).__name__}")
+        if self.legacy is not None and "seqlen" in schedule and len(schedule) == 1 \
+                and self.loader is None:
+            self.legacy.set_custom_get_difficulty(schedule["seqlen"])
+            return
+        self.custom_schedules.update(schedule)
+        if self.loader is not None:
+            self.loader.data_sampler.set_custom_curriculum_learning_schedule(schedule)
+
+    def set_post_process(self, fn):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"set_data_post_process_func needs a callable (batch, "
+                            f"sampler_state) -> batch, got {type(fn).__name__}")
+        self.post_process_func = fn
+        if self.loader is not None:
+            self.loader.post_process_func = fn
+
+    def random_ltd_initialize(self, engine):
+        from .random_ltd.helper import random_ltd_layers
+
+        if self.random_ltd is None:
+            raise ValueError("convert_to_random_ltd(engine, ...) needs "
+                             "data_efficiency.enabled, data_routing.enabled and "
+                             "data_routing.random_ltd.enabled in the config")
+        layers = random_ltd_layers(engine.module)
+        config = self.random_ltd.config
+        if len(layers) != config.total_layer_num:
+            raise ValueError(f"data_efficiency.data_routing.random_ltd.total_layer_num is "
+                             f"{config.total_layer_num} but convert_to_random_ltd wrapped "
+                             f"{len(layers)} layers")
+        for index, layer in enumerate(layers):
+            layer.init_config(config, self.random_ltd, index)
+
+    # ------------------------------------------------------------------ data loader
+    @hookimpl
+    def deepspeed_data_loader(self, engine, dataset, batch_size, route, collate_fn,
+                              num_local_io_workers):
+        if route not in (None, "train") or self.data_efficiency is None \
+                or not self.data_efficiency.sampling_enabled():
+            return None
+        from .data_analyzer import dataset_length
+        from .data_loader import CurriculumDataLoader
+        from .data_sampler import DeepSpeedDataSampler
+
+        sampling = self.data_efficiency.data_sampling
+        sampler = DeepSpeedDataSampler(
+            self.data_efficiency, dataset_length(dataset, "curriculum data sampling"),
+            micro_batch_size=batch_size,
+            data_parallel_rank=dist.get_rank(group=engine.dp_group),
+            data_parallel_size=engine.dp_world_size, data_parallel_group=engine.dp_group,
+            gradient_accumulation_steps=engine.gradient_accumulation_steps(),
+            global_rank=dist.get_rank(), drop_last=True)
+        if self.custom_schedules:
+            sampler.set_custom_curriculum_learning_schedule(self.custom_schedules)
+        self.loader = CurriculumDataLoader(dataset, sampler, collate_fn=collate_fn,
+                                           num_workers=num_local_io_workers or
+                                           sampling.num_workers,
+                                           pin_memory=sampling.pin_memory)
+        self.loader.post_process_func = self.post_process_func
+        return self.loader
+
+    # ------------------------------------------------------------------ the step
+    @hookimpl
+    def deepspeed_before_forward(self, engine):
+        if self.random_ltd is not None and engine.module.training:
+            self.random_ltd.update_seq(engine.global_steps)
+
+    @hookimpl
+    def deepspeed_forward_inputs(self, engine, args, kwargs):
+        if not engine.module.training or (self.legacy is None and self.pld is None):
+            return None
+        kwargs = dict(kwargs)
+        if self.legacy is not None:
+            seqlen = self.legacy.update_difficulty(engine.global_steps + 1)
+            if self.legacy_as_keyword:
+                kwargs["curriculum_seqlen"] = seqlen
+            else:
+                args, kwargs = truncate(args, seqlen), truncate(kwargs, seqlen)
+        if self.pld is not None:
+            kwargs.update(self.pld.get_state())
+        return args, kwargs
+
+    @hookimpl
+    def deepspeed_after_step(self, engine):
+        if self.pld is not None:
+            self.pld.update_state(engine.global_steps)
+
+    # ------------------------------------------------------------------ checkpoints
+    @hookimpl
+    def deepspeed_save_checkpoint(self, engine, state):
+        saved = {}
+        if self.legacy is not None:
+            saved["curriculum_learning_legacy"] = self.legacy.get_state()
+        if self.pld is not None:
+            saved["pld_theta"] = self.pld.get_theta()
+        if self.random_ltd is not None:
+            saved["random_ltd"] = self.random_ltd.state_dict()
+        if self.loader is not None:
+            saved["data_loader"] = self.loader.state_dict()
+        state[STATE_KEY] = saved
+
+    @hookimpl
+    def deepspeed_load_checkpoint(self, engine, state, load_module_only):
+        saved = state.get(STATE_KEY)
+        if load_module_only or not saved:
+            return
+        if self.legacy is not None and "curriculum_learning_legacy" in saved:
+            self.legacy.set_state(saved["curriculum_learning_legacy"])
+        if self.pld is not None and "pld_theta" in saved:
+            self.pld.current_theta = float(saved["pld_theta"])
+        if self.random_ltd is not None and "random_ltd" in saved:
+            self.random_ltd.load_state_dict(saved["random_ltd"])
+        if self.loader is not None and "data_loader" in saved:
+            self.loader.load_state_dict(saved["data_loader"])

@@ -1,0 +1,7 @@
+"""Random layer-token drop (random-LTD): selected layers process a random subset of tokens."""
+from .basic_layer import RandomLayerTokenDrop
+from .helper import convert_to_random_ltd, remove_random_ltd_state_dict
+from .scheduler import RandomLTDScheduler, consumed_layer_tokens
+
+__all__ = ["RandomLayerTokenDrop", "RandomLTDScheduler", "convert_to_random_ltd",
+           "remove_random_ltd_state_dict", "consumed_layer_tokens"]

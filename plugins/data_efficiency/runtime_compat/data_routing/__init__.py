@@ -1,0 +1,1 @@
+"""Upstream path of random-LTD."""

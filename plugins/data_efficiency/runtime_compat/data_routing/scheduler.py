@@ -1,0 +1,1 @@
+from deepspeed.data_efficiency.random_ltd.scheduler import RandomLTDScheduler  # noqa: F401

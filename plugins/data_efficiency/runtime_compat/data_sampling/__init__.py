@@ -1,0 +1,1 @@
+"""Upstream path of the data-sampling modules."""

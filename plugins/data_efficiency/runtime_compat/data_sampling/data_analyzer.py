@@ -1,0 +1,1 @@
+from deepspeed.data_efficiency.data_analyzer import DataAnalyzer, DistributedDataAnalyzer  # noqa: F401

@@ -1,0 +1,1 @@
+from deepspeed.data_efficiency.data_sampler import DeepSpeedDataSampler  # noqa: F401
