@@ -31,8 +31,11 @@ class BertSparseSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, self.all_head_size)
         self.key = nn.Linear(config.hidden_size, self.all_head_size)
         self.value = nn.Linear(config.hidden_size, self.all_head_size)
+        # RoBERTa counts 2 reserved positions in max_position_embeddings: the longest sequence
+        # the layout must cover is the largest multiple of the block that fits
+        longest = config.max_position_embeddings // sparsity_config.block * sparsity_config.block
         self.sparse_self_attention = SparseSelfAttention(
-            sparsity_config, max_seq_length=config.max_position_embeddings, backend=backend)
+            sparsity_config, max_seq_length=longest, backend=backend)
 
     def transpose_for_scores(self, x):
         return x.view(*x.shape[:-1], self.num_attention_heads, self.attention_head_size).permute(0, 2, 1, 3)
