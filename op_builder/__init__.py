@@ -18,6 +18,7 @@ BUILDER_MODULES = {
     "AsyncIOBuilder": "async_io",
     "FusedAdamBuilder": "fused_adam",
     "FusedLambBuilder": "fused_lamb",
+    "SparseAttnBuilder": "sparse_attn",
 }
 
 

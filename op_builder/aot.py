@@ -47,7 +47,9 @@ def select_ops(builder_classes, environ):
         own = _flag(environ, builder.BUILD_VAR)
         if not (own if own is not None else build_all):
             continue
-        if builder.is_compatible(verbose=False):
+        if not getattr(builder, "PREBUILDABLE", True):
+            skipped.append((builder.NAME, "compiled at first use (Triton), nothing to pre-build"))
+        elif builder.is_compatible(verbose=False):
             selected.append(builder)
         else:
             skipped.append((builder.NAME, builder.incompatible_reason or "incompatible"))

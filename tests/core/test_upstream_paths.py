@@ -28,7 +28,8 @@ def test_zero_shims_are_mapped_onto_upstream_names():
     # the folders above a shim keep their owners, and the shim folder has no name of its own
     assert mapping["deepspeed.utils"] == os.path.join("core", "utils")
     assert mapping["deepspeed.checkpoint"] == os.path.join("core", "checkpoint")
-    # (other plugins ship shims of their own, e.g. deepspeed.runtime.progressive_layer_drop)
+    # (other plugins ship shims of their own, e.g. deepspeed.runtime.progressive_layer_drop,
+    # deepspeed.ops.sparse_attention)
     assert not [name for name, path in mapping.items()
                 if path.startswith(shims) and not name.startswith(("deepspeed.utils.",
                                                                    "deepspeed.checkpoint."))]

@@ -1,0 +1,52 @@
+"""Which implementation runs a block-sparse op: the Triton kernels or the blocked torch path.
+
+``auto`` (the default) picks Triton for CUDA tensors when Triton imports, and the blocked torch
+path otherwise (on CPU it is the fast path: see ``tools/bench/sparse_attention_bench.py``).
+``triton`` forces the kernels: on CPU tensors that needs the Triton interpreter
+(``TRITON_INTERPRET=1`` set before Triton is imported), which the tests use to check them
+without a GPU. ``DS_SPARSE_ATTENTION_BACKEND`` sets the default for a process.
+"""
+import importlib
+import os
+
+BACKENDS = ("auto", "torch", "triton")
+BACKEND_ENV = "DS_SPARSE_ATTENTION_BACKEND"
+
+
+def triton_status():
+    """``(importable, version or why not)`` for the ``triton`` package."""
+    try:
+        triton = importlib.import_module("triton")
+    except ImportError as err:
+        return False, (f"triton is not installed ({err}); install the extra: "
+                       f"pip install 'deepspeed[sparse]'")
+    return True, getattr(triton, "__version__", "unknown version")
+
+
+def interpreter_on():
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_backend(name):
+    if name is None:
+        name = os.environ.get(BACKEND_ENV, "auto")
+    if name not in BACKENDS:
+        raise ValueError(f"sparse attention backend {name!r} is not known; allowed: "
+                         f"{', '.join(BACKENDS)} (argument backend= or ${BACKEND_ENV})")
+    return name
+
+
+def kernels_for(tensor, backend=None):
+    """The kernel module (``triton_kernels`` or ``torch_kernels``) to run ``tensor`` with."""
+    backend = check_backend(backend)
+    if backend == "auto":
+        backend = "triton" if tensor.is_cuda and triton_status()[0] else "torch"
+    if backend == "torch":
+        return importlib.import_module("deepspeed.sparse_attention.torch_kernels")
+    ok, why = triton_status()
+    if not ok:
+        raise RuntimeError(f"sparse attention backend 'triton' was asked for, but {why}")
+    if not tensor.is_cuda and not interpreter_on():
+        raise RuntimeError(f"sparse attention backend 'triton' needs a CUDA tensor, or the Triton "
+                           f"interpreter (TRITON_INTERPRET=1) for a {tensor.device} tensor")
+    return importlib.import_module("deepspeed.sparse_attention.triton_kernels")

@@ -1,0 +1,2 @@
+"""Upstream path of ``deepspeed.sparse_attention.sparse_attention_utils``."""
+from deepspeed.sparse_attention.sparse_attention_utils import SparseAttentionUtils  # noqa: F401
