@@ -1,0 +1,77 @@
+"""The ``onebit`` plugin: 1-bit Adam, 0/1 Adam and 1-bit LAMB in the engine.
+
+Enabled by the config's ``optimizer.type`` (``OneBitAdam`` / ``OnebitAdam``, ``ZeroOneAdam``,
+``OneBitLamb`` / ``OnebitLamb``, any case). Through the hooks it
+
+- builds the optimizer the core does not know (``deepspeed_build_optimizer``), handing it the
+  engine so it compresses over the engine's data-parallel group;
+- takes the gradient reduction over whenever the optimizer says the step needs no
+  full-precision all-reduce (``deepspeed_reduce_gradients`` returns True and nothing is sent:
+  the momentum exchange inside the optimizer's step replaces it);
+- resets the compression errors (and 0/1 Adam's local-step buffers) on every checkpoint load,
+  also one that skips the optimizer states, since the parameters changed under them.
+
+It excludes ``zero`` (stages 1-3 partition the optimizer state the 1-bit exchange needs whole:
+upstream asserts the same) and ``moe`` (expert gradients are averaged over expert groups, which
+the compressed exchange over the data-parallel group would get wrong). The MPI backend cannot
+serve a pipeline (its data-parallel group is not MPI's world): refused naming ``pipe``.
+"""
+from deepspeed.hooks import hookimpl
+from deepspeed.onebit.adam import OnebitAdam
+from deepspeed.onebit.base import OneBitOptimizer
+from deepspeed.onebit.lamb import OnebitLamb
+from deepspeed.onebit.transports import MPI_BACKEND
+from deepspeed.onebit.zoadam import ZeroOneAdam
+from deepspeed.optimizers import construct
+from deepspeed.plugin_manager import DeepSpeedPlugin, PluginError
+from deepspeed.utils.logging import log_dist
+
+OPTIMIZERS = {"onebitadam": OnebitAdam, "zerooneadam": ZeroOneAdam, "onebitlamb": OnebitLamb}
+
+
+def _onebit_optimizer(engine):
+    optimizer = getattr(engine, "basic_optimizer", None)
+    return optimizer if isinstance(optimizer, OneBitOptimizer) else None
+
+
+class OneBitPlugin(DeepSpeedPlugin):
+    config_sections = {}
+    enabled_by = "optimizer.type OneBitAdam, ZeroOneAdam or OneBitLamb"
+    excludes = ("zero", "moe")
+
+    def is_enabled(self, config, sections):
+        return (config.optimizer_name or "").lower() in OPTIMIZERS
+
+    @hookimpl
+    def deepspeed_build_optimizer(self, engine, name, params, optimizer_params):
+        cls = OPTIMIZERS.get(name.lower())
+        if cls is None:
+            return None
+        options = dict(optimizer_params or {})
+        if "deepspeed" in options:
+            raise ValueError("optimizer.params.deepspeed: the engine is passed by deepspeed."
+                             "initialize itself; remove the key")
+        backend = str(options.get("comm_backend_name", "nccl")).lower()
+        if backend == MPI_BACKEND and engine.plugins.has_plugin("pipe"):
+            raise PluginError("plugin 'onebit' with comm_backend_name 'mpi' cannot be used "
+                              "together with plugin 'pipe' (MPI compresses over the whole world, "
+                              "a pipeline's data-parallel groups are smaller); use "
+                              "comm_backend_name 'compressed' or 'nccl'")
+        if not engine.config.fp16_enabled:
+            log_dist(f"{cls.__name__}: convergence is documented as verified with fp16 only; "
+                     f"this run uses {'bf16' if engine.config.bfloat16_enabled else 'fp32'}",
+                     ranks=[0], level=30)
+        return construct(cls, params, dict(options, deepspeed=engine))
+
+    @hookimpl
+    def deepspeed_reduce_gradients(self, engine):
+        optimizer = _onebit_optimizer(engine)
+        if optimizer is not None and not optimizer.enable_backward_allreduce:
+            return True  # the optimizer's step exchanges compressed momenta instead
+        return None
+
+    @hookimpl
+    def deepspeed_load_checkpoint(self, engine):
+        optimizer = _onebit_optimizer(engine)
+        if optimizer is not None:
+            optimizer.reset_after_load()

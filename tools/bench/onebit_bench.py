@@ -1,0 +1,178 @@
+"""1-bit optimizers: step time and bytes per step against Adam, the sign-packing kernel against
+memory bandwidth, and convergence of the demo GPT with each optimizer against Adam.
+
+    python tools/bench/onebit_bench.py step      [--n_layer 16 --n_embd 512 --steps 4]  # ~50M GPT
+    python tools/bench/onebit_bench.py pack      [--numel 50000000]
+    python tools/bench/onebit_bench.py converge  [--steps 300]
+    python tools/bench/onebit_bench.py all
+
+``step`` and ``converge`` run on 2 gloo CPU ranks (``deepspeed.testing``'s pool). Bytes are what
+``deepspeed.comm`` handed to the backend, counted by a comm observer (not estimated). Step time is
+the slowest rank's mean over the measured steps. ``converge`` exits non-zero when a 1-bit run ends
+more than 5% above Adam's final loss or its bytes per step after warm-up are not at least 20x
+below Adam's fp32 all-reduce. A tool, never a test: nothing in the test suite times anything.
+"""
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1] / "examples"), str(HERE)]
+
+ADAM = {"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False}}
+
+
+def _optimizer(name, lr, warmup, steps):
+    """The config's optimizer section for ``name`` with ``warmup`` full-precision steps."""
+    if name == "Adam":
+        return {"type": "Adam", "params": dict(ADAM["params"], lr=lr, betas=[0.9, 0.95])}
+    params = {"lr": lr, "betas": [0.9, 0.95], "comm_backend_name": "compressed"}
+    if name == "ZeroOneAdam":
+        params.update(var_freeze_step=warmup, var_update_scaler=8,
+                      local_step_scaler=max(1, (steps - warmup) // 4), local_step_clipper=4)
+    else:
+        params["freeze_step"] = warmup
+    if name == "OneBitLamb":
+        params.update(lr=lr * 4, max_coeff=1.0)
+    return {"type": name, "params": params}
+
+
+def _train(name, model_cfg, micro, steps, warmup, lr, measure_from):
+    """On each rank: train and return (losses, seconds per measured step, bytes per measured
+    step, parameter count)."""
+    import deepspeed
+    from deepspeed import comm as dist
+    from gpt import GPT, GPTConfig, MarkovTokens
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(**model_cfg)
+    model = GPT(cfg)
+    data = MarkovTokens(samples=max(4096, steps * micro * 2), seq_len=cfg.block_size,
+                        vocab_size=cfg.vocab_size, seed=1234)
+    config = {"train_micro_batch_size_per_gpu": micro, "steps_per_print": 10 ** 9,
+              "optimizer": _optimizer(name, lr, warmup, steps)}
+    engine, _, loader, _ = deepspeed.initialize(model=model, training_data=data, config=config)
+    sent, losses, elapsed = [], [], 0.0
+    batches = iter(loader)
+    for step in range(steps):
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
+        records = []
+        dist.add_comm_observer(records.append)
+        dist.barrier()
+        start = time.perf_counter()
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        took = time.perf_counter() - start
+        dist.remove_comm_observer(records.append)
+        losses.append(float(loss.detach()))
+        if step >= measure_from:
+            elapsed += took
+            sent.append(sum(r.size_bytes for r in records if r.op != "barrier"))
+    measured = max(1, steps - measure_from)
+    return losses, elapsed / measured, sum(sent) / measured, sum(p.numel() for p in
+                                                                 model.parameters())
+
+
+def step_bench(args):
+    from deepspeed.testing.distributed import run_distributed
+
+    model_cfg = dict(vocab_size=256, block_size=64, n_layer=args.n_layer, n_head=8,
+                     n_embd=args.n_embd)
+    print(f"# step: GPT n_layer={args.n_layer} n_embd={args.n_embd}, micro 2 x seq 64, 2 gloo "
+          f"ranks, {args.steps} measured steps after {args.warmup} warm-up")
+    rows = []
+    for name in ("Adam", "OneBitAdam"):
+        out = run_distributed(_train, world_size=2, timeout=3000, args=(
+            name, model_cfg, 2, args.warmup + args.steps, args.warmup, 1e-4, args.warmup))
+        seconds = max(r[1] for r in out)
+        rows.append((name, seconds, out[0][2], out[0][3]))
+    base = rows[0]
+    print(f"{'optimizer':<12} {'params':>12} {'s/step':>8} {'MB sent/step/rank':>18} "
+          f"{'bytes ratio':>12}")
+    for name, seconds, sent, numel in rows:
+        print(f"{name:<12} {numel:>12,} {seconds:>8.3f} {sent / 1e6:>18.2f} "
+              f"{base[2] / max(sent, 1):>11.1f}x")
+
+
+def pack_bench(args):
+    from deepspeed.onebit.packing import pack_signs, unpack_signs
+
+    x = torch.randn(args.numel // 8 * 8)
+    reps = args.reps
+
+    def timed(fn):
+        fn()
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - start) / reps
+
+    copy = timed(lambda: x.clone())
+    packed = pack_signs(x)
+    pack = timed(lambda: pack_signs(x))
+    unpack = timed(lambda: unpack_signs(packed))
+    n = x.numel()
+    bandwidth = 8 * n / copy / 1e9  # clone reads 4n bytes and writes 4n
+    print(f"# pack: {n:,} fp32 elements on {torch.get_num_threads()} CPU thread(s)")
+    print(f"memory bandwidth (clone, read+write): {bandwidth:6.2f} GB/s ({copy * 1e3:.1f} ms)")
+    print(f"pack_signs   : {pack * 1e3:7.1f} ms  {4 * n / pack / 1e9:6.2f} GB/s of fp32 input "
+          f"({4 * n / pack / 1e9 / bandwidth:.2f}x the clone bandwidth)")
+    print(f"unpack_signs : {unpack * 1e3:7.1f} ms  {4 * n / unpack / 1e9:6.2f} GB/s of fp32 output")
+
+
+def converge_bench(args):
+    from deepspeed.testing.distributed import run_distributed
+
+    model_cfg = dict(vocab_size=32, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    warmup = args.steps // 5
+    print(f"# converge: demo GPT, micro 16, 2 gloo ranks, {args.steps} steps, warm-up {warmup}")
+    results, failed = {}, []
+    for name in ("Adam", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"):
+        out = run_distributed(_train, world_size=2, timeout=3000, args=(
+            name, model_cfg, 16, args.steps, warmup, 5e-3, warmup))
+        tail = [sum(r[0][s] for r in out) / len(out) for s in range(args.steps - 20, args.steps)]
+        results[name] = (sum(tail) / len(tail), out[0][2], max(r[1] for r in out))
+    adam_loss, adam_bytes, _ = results["Adam"]
+    print(f"{'optimizer':<12} {'final loss':>10} {'vs Adam':>8} {'bytes/step':>11} "
+          f"{'reduction':>10} {'s/step':>7}")
+    for name, (loss, sent, seconds) in results.items():
+        ratio = adam_bytes / max(sent, 1)
+        print(f"{name:<12} {loss:>10.4f} {100 * (loss / adam_loss - 1):>+7.1f}% {sent:>11.0f} "
+              f"{ratio:>9.1f}x {seconds:>7.3f}")
+        if name != "Adam" and (loss > 1.05 * adam_loss or ratio < 20):
+            failed.append(name)
+    if failed:
+        raise SystemExit(f"outside 5% of Adam's loss or under 20x fewer bytes: {failed}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["step", "pack", "converge", "all"])
+    parser.add_argument("--n_layer", type=int, default=16)
+    parser.add_argument("--n_embd", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--numel", type=int, default=50_000_000)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for part, default_steps, fn in (("step", 4, step_bench), ("pack", None, pack_bench),
+                                    ("converge", 300, converge_bench)):
+        if args.part in (part, "all"):
+            fn(argparse.Namespace(**dict(vars(args), steps=args.steps or default_steps)))
+
+
+if __name__ == "__main__":
+    import onebit_bench  # ranks find the workers by module name, not __main__
+
+    onebit_bench.main()
