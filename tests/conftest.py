@@ -46,3 +46,21 @@ def install_fixture_package(tmp_path_factory):
     for target in installed.values():
         if str(target) in sys.path:
             sys.path.remove(str(target))
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left_behind(request):
+    """A test that brings up torch.distributed in the pytest process itself (an in-process
+    ``deepspeed.initialize``) must tear it down: a group left behind changes what later tests
+    see (a world of 1 where they expect none) and holds the default port. The group is
+    destroyed so the rest of the run is unaffected, and the test that left it fails."""
+    yield
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        from deepspeed import comm as dist
+
+        dist.destroy_process_group()
+        pytest.fail(f"{request.node.nodeid} left a torch.distributed process group initialised "
+                    f"in the pytest process; run it in a worker (dist_pool / run_distributed) "
+                    f"or destroy the group", pytrace=False)

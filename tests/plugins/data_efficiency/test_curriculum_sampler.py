@@ -1,5 +1,7 @@
 """Curriculum data sampling through ``deepspeed.initialize(training_data=...)`` on 2 ranks:
 thresholds, disjoint shards, resume; and the sampler alone for percentiles and bad input."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -126,18 +128,34 @@ def test_bad_index_files(tmp_path):
         DeepSpeedDataSampler(metric_config(tmp_path), 400, 4, 0, 1)
 
 
-def test_config_errors_name_the_key(tmp_path):
+CONFIG_ERROR_CASES = [({"schedule_type": "fixed_root"}, "root_degree"),
+                      ({"min_difficulty": 50}, "min_difficulty \\(50"),
+                      ({"index_to_metric_path": None}, "index_to_metric_path is required")]
+
+
+def _config_errors(path):
+    """In a worker: ``initialize`` brings up the distributed backend, which must not be left
+    initialised in the pytest process (later tests check behaviour without one)."""
     import deepspeed
     from deepspeed.config import DeepSpeedConfigError
 
-    cases = [({"schedule_type": "fixed_root"}, "root_degree"),
-             ({"min_difficulty": 50}, "min_difficulty \\(50"),
-             ({"index_to_metric_path": None}, "index_to_metric_path is required")]
-    for override, pattern in cases:
+    messages = []
+    for override, _ in CONFIG_ERROR_CASES:
         config = {"train_micro_batch_size_per_gpu": 1,
-                  "data_efficiency": metric_config(tmp_path, **override)}
-        with pytest.raises((DeepSpeedConfigError, ValueError), match=pattern):
+                  "data_efficiency": metric_config(path, **override)}
+        try:
             deepspeed.initialize(model=torch.nn.Linear(2, 2), config=config)
+        except (DeepSpeedConfigError, ValueError) as err:
+            messages.append(str(err))
+        else:
+            messages.append(None)
+    return messages
+
+
+def test_config_errors_name_the_key(tmp_path):
+    messages = run_distributed(_config_errors, world_size=1, args=(str(tmp_path),))[0]
+    for (_, pattern), message in zip(CONFIG_ERROR_CASES, messages):
+        assert message is not None and re.search(pattern, message), (pattern, message)
 
 
 def _no_len(path):

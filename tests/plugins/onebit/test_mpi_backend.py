@@ -26,9 +26,14 @@ def _mpirun():
 
 def test_mpi_backend_under_mpirun():
     mpirun = _mpirun()
+    from deepspeed.testing.distributed import find_free_port
+
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
+    # the gloo rendezvous the ranks find through MPI discovery: not the default 29500, which
+    # another job on the machine (a second mpirun, a launcher test) may hold
+    env["MASTER_PORT"] = str(find_free_port())
     proc = subprocess.run([mpirun, "-np", "2", sys.executable, os.path.join(HERE, "mpi_checks.py")],
                           env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
