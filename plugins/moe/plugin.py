@@ -33,6 +33,12 @@ def expert_parallel_layers(module):
             if isinstance(m, MoE) and m.ep_size > 1]
 
 
+def all_moe_layers(module):
+    from deepspeed.moe.layer import MoE
+
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, MoE)]
+
+
 def _describe(layers):
     name, layer = layers[0]
     return (f"MoE layer '{name or '<model>'}' (ep_size={layer.ep_size}, "
@@ -46,7 +52,21 @@ def check_moe_compatible(module, zero_stage, clipping=None):
     shards would mix the different experts that ranks hold in the same slot), z3 leaf or not.
     ZeRO 1/2 partition expert param groups over their expert-data-parallel group and gradient
     clipping sums expert norms over the expert-parallel group (``GRADIENT_NORM_GROUP``)."""
+    from deepspeed.utils import groups
+
     layers = expert_parallel_layers(module)
+    tp = groups._get_model_parallel_world_size()
+    if zero_stage >= 3 and tp > 1 and not layers:
+        replicated = [(name, m) for name, m in all_moe_layers(module)
+                      if not m.enable_expert_tensor_parallelism]
+        if replicated:
+            raise NotImplementedError(
+                f"ZeRO stage 3 is not supported with {_describe(replicated)} under tensor "
+                f"parallelism (model-parallel size {tp}) with "
+                f"enable_expert_tensor_parallelism=False: each tensor-parallel rank runs a "
+                f"slice of the tokens through its copy of the experts, so their gradients are "
+                f"summed over the tensor-parallel ranks too, which ZeRO-3 does not do; use "
+                f"zero_optimization.stage 1 or 2")
     if not layers:
         return
     where = _describe(layers)
@@ -62,8 +82,11 @@ def check_moe_compatible(module, zero_stage, clipping=None):
 def tag_expert_groups(module):
     """Build every MoE layer's process groups and tag its experts now (collective, in module
     order on every rank), so ZeRO sees ``GRADIENT_GROUP`` when it partitions the optimizer."""
-    for _, layer in expert_parallel_layers(module):
-        layer.set_deepspeed_parallelism()
+    from deepspeed.moe.layer import MoE
+
+    for layer in module.modules():
+        if isinstance(layer, MoE):  # ep_size 1 too: with tensor parallelism it needs groups
+            layer.set_deepspeed_parallelism()
 
 
 class MoEPlugin(DeepSpeedPlugin):
