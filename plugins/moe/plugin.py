@@ -12,7 +12,9 @@ data-parallel group.
 Checkpoints (``deepspeed.moe.checkpoint``): every expert goes into a file of its own, next to
 the model states (which then hold no expert), so the weights load at any ``ep_size``; with
 experts split over ranks and no ZeRO, the optimizer state is saved per expert-parallel rank and
-loads at the same layout.
+loads at the same layout. A universal checkpoint (``ds_to_universal``: every expert under its
+global id) loads at any ``ep_size``: the plugin names each rank's expert parameters by their
+global ids (``deepspeed.hooks.UNIVERSAL_CHECKPOINT_NAME``) and cuts the module weights.
 
 How it is enabled: there is no MoE config section (upstream has none; the layer's arguments
 say everything), and the engine class is not the plugin's to claim (the pipeline plugin may
@@ -103,8 +105,11 @@ class MoEPlugin(DeepSpeedPlugin):
 
     @hookimpl
     def deepspeed_engine_init(self, engine, config):
+        from deepspeed.moe.checkpoint import name_experts_globally
+
         check_moe_compatible(engine.module, engine.sharding.stage, config.gradient_clipping)
         tag_expert_groups(engine.module)
+        name_experts_globally(engine.module)  # how universal checkpoints name this rank's
 
     # ------------------------------------------------------------------ checkpoints
     @hookimpl

@@ -120,7 +120,8 @@ class TPExpert(nn.Module):
 def tp_shards(full, tp, tp_rank):
     """``{w1, b1, w2, b2}`` of ``TPExpert`` cut from a reference expert's state dict
     (``0.weight``, ``0.bias``, ``2.weight``, ``2.bias``)."""
-    return {"w1": full["0.weight"].chunk(tp, 0)[tp_rank], "b1": full["0.bias"].chunk(tp, 0)[tp_rank],
+    return {"w1": full["0.weight"].chunk(tp, 0)[tp_rank],
+            "b1": full["0.bias"].chunk(tp, 0)[tp_rank],
             "w2": full["2.weight"].chunk(tp, 1)[tp_rank], "b2": full["2.bias"]}
 
 
