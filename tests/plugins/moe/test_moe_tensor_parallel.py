@@ -11,7 +11,9 @@ rank's own tokens; an expert's gradient summed over the group the engine sums it
 (``GRADIENT_GROUP``) equals the reference expert's gradient summed over the data-parallel
 ranks (cut like the expert for the TP expert). Engine level: SGD through
 ``deepspeed.initialize(mpu=...)`` with the model built before the mpu was registered equals the
-reference trained on the global batch."""
+reference trained on the global batch. Also: the group layout itself, a checkpoint resumed at the
+same tensor-parallel layout (expert files per model-parallel rank), and the refusal of expert
+groups under sequence parallelism."""
 import pytest
 import torch
 from torch import nn
@@ -200,3 +202,84 @@ def _sequence_parallel_refused():
 def test_expert_parallelism_with_sequence_parallelism_names_the_reason(dist_pool):
     for message in dist_pool.run(_sequence_parallel_refused, world_size=2):
         assert "ep_size=2" in message and "sequence_parallel_size=2" in message
+
+
+def _groups_under_tp():
+    import deepspeed.comm as dist
+    from deepspeed.moe.layer import MoE
+    from deepspeed.utils import groups
+
+    def ranks(group):
+        return [dist.get_global_rank(group, i) for i in range(dist.get_world_size(group=group))]
+
+    mpu = TinyMPU(TP)
+    previous = groups.set_mpu(mpu)
+    try:
+        out = {}
+        for ep in (1, 2):
+            name = MoE(HIDDEN, expert(), num_experts=2, ep_size=ep).expert_group_name
+            out[ep] = [ranks(get(name)) for get in (
+                groups._get_expert_parallel_group, groups._get_expert_data_parallel_group,
+                groups._get_expert_replica_group, groups._get_expert_model_parallel_group)]
+        try:
+            MoE(HIDDEN, expert(), num_experts=3, ep_size=3)
+            out["ep3"] = None
+        except ValueError as exc:
+            out["ep3"] = str(exc)
+        return out
+    finally:
+        groups.set_mpu(previous)
+
+
+def test_expert_groups_are_laid_over_each_tensor_parallel_slice(dist_pool):
+    """tp 2 x dp 2 (DP groups [0, 2], [1, 3]): ep 2 splits each DP group, ep 1 keeps it."""
+    for rank, got in enumerate(dist_pool.run(_groups_under_tp, world_size=4)):
+        tp_rank = rank % 2
+        dp_group, tp_group = [tp_rank, tp_rank + 2], [rank - tp_rank, rank - tp_rank + 1]
+        # expert parallel, expert data parallel, replica (edp x tp), model parallel (ep x tp)
+        assert got[2] == [dp_group, [rank], tp_group, [0, 1, 2, 3]]
+        assert got[1] == [[rank], dp_group, [0, 1, 2, 3], tp_group]
+        assert got["ep3"] == "MoE ep_size=3 must divide the data-parallel world size 2"
+
+
+def _save_and_resume(save_dir, ep_size, expert_tp):
+    """One step, save, load into a fresh engine at the same layout: same weights and loss."""
+    import deepspeed
+    from deepspeed.utils import groups
+
+    def engine(seed):
+        torch.manual_seed(seed)
+        model = TPMoEModel(ep_size, expert_tp, k=2)
+        if expert_tp:  # TPExpert starts at zero: give each rank's pieces some values
+            for param in model.moe.deepspeed_moe.experts.parameters():
+                torch.nn.init.normal_(param, std=0.3)
+        config = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 6,
+                  "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}
+        return deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
+                                    config=config, mpu=mpu)[0]
+
+    mpu = TinyMPU(TP)
+    data = global_batches(world=2, gas=1, steps=2)
+    first = engine(0)
+    x, y = data[0][mpu.dp_rank][0]
+    first.backward(loss_of(first, x, y))
+    first.step()
+    first.save_checkpoint(save_dir, tag="t")
+    x, y = data[1][mpu.dp_rank][0]
+    want = loss_of(first, x, y).item()
+    saved = {n: p.detach().clone() for n, p in first.module.named_parameters()}
+    first.destroy()
+    second = engine(1)
+    second.load_checkpoint(save_dir, tag="t")
+    got = loss_of(second, x, y).item()
+    same = all(torch.equal(p, saved[n]) for n, p in second.module.named_parameters())
+    second.destroy()
+    assert groups.mpu is None
+    return same, got == want
+
+
+@pytest.mark.parametrize("ep_size,expert_tp", [(2, False), (2, True)])
+def test_tp2_dp2_checkpoint_resumes_at_the_same_layout(dist_pool, tmp_path, ep_size, expert_tp):
+    results = dist_pool.run(_save_and_resume, world_size=4,
+                            args=(str(tmp_path), ep_size, expert_tp))
+    assert results == [(True, True)] * 4
