@@ -485,6 +485,14 @@ GRADIENT_GROUP = "ds_gradient_group"
 GRADIENT_NORM_GROUP = "ds_gradient_norm_group"
 
 
+#: Set (to a str) on a parameter whose name in a universal checkpoint (``ds_to_universal``: one
+#: tensor per parameter, independent of how the model is split over ranks) is not its module
+#: name: an MoE expert that a rank holds under a local index is stored under the index it has in
+#: the model holding every expert (``deepspeed.moe``). A parameter group may then hold only part
+#: of the checkpoint's group (this rank's experts). Universal loaders read tensors by this name.
+UNIVERSAL_CHECKPOINT_NAME = "ds_universal_checkpoint_name"
+
+
 #: The attribute through which a plugin that partitions a parameter's training state answers
 #: ``deepspeed.utils.safe_get_*`` / ``safe_set_*`` for it (a ``ParamStateAccess``); a
 #: parameter without it is held whole and plainly by its module and its torch optimizer.
@@ -527,4 +535,5 @@ __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + 
     "hookspec", "hookimpl", "PROJECT_NAME", "EngineChoice", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
     "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor", "CommsLogger",
     "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP",
-    "GRADIENT_NORM_GROUP", "check_implements"]
+    "GRADIENT_NORM_GROUP", "UNIVERSAL_CHECKPOINT_NAME",
+    "check_implements"]

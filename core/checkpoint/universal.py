@@ -35,6 +35,7 @@ import os
 import torch
 
 from deepspeed.checkpoint.atomic import CheckpointFormatError, load_file
+from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME
 
 INFO_FILENAME = "universal_checkpoint_info.pt"
 PARAMS_DIRNAME = "zero"
@@ -109,22 +110,43 @@ def read_latest_universal(folder):
         return f.read().strip() or None
 
 
+def universal_names(module):
+    """``{id(param): name in a universal checkpoint}``: the module name, unless the parameter
+    declares another (``deepspeed.hooks.UNIVERSAL_CHECKPOINT_NAME``, an MoE expert held under
+    a local index)."""
+    return {id(p): getattr(p, UNIVERSAL_CHECKPOINT_NAME, n) for n, p in module.named_parameters()}
+
+
+def check_group_names(checkpoint_dir, saved_groups, mine, partial):
+    """Each optimizer group's parameter names (universal names) must be the checkpoint
+    group's; a group marked ``partial`` (parameters declaring ``UNIVERSAL_CHECKPOINT_NAME``:
+    this rank's share of the experts) may hold a part of it."""
+    problem = len(saved_groups) != len(mine)
+    for saved, names, part in zip(saved_groups, mine, partial):
+        if problem:
+            break
+        problem = not set(names) <= set(saved) if part else sorted(names) != sorted(saved)
+    if problem:
+        raise CheckpointFormatError(
+            f"the universal checkpoint '{checkpoint_dir}' groups its parameters as "
+            f"{[len(g) for g in saved_groups]} per optimizer group, this optimizer as "
+            f"{[len(g) for g in mine]}; the model must have the same trainable parameters "
+            f"in the same groups")
+
+
 def load_into_optimizer(engine, checkpoint_dir):
     """``load_universal`` without ZeRO: put each parameter's fp32 weight and optimizer moments
     into the tensors the engine's basic optimizer steps (the module's own parameters in fp32
     training, the fp32 masters under bf16/fp16), then refresh the module from them."""
     info = read_info(checkpoint_dir)
     optimizer = engine.basic_optimizer
-    names = {id(p): n for n, p in engine.module.named_parameters()}
+    names = universal_names(engine.module)
     saved_groups = info["group_params"]
-    mine = [[names[id(engine.precision.model_param_of(t))] for t in group["params"]]
-            for group in optimizer.param_groups]
-    if [sorted(g) for g in mine] != [sorted(g) for g in saved_groups]:
-        raise CheckpointFormatError(
-            f"the universal checkpoint '{checkpoint_dir}' groups its parameters as "
-            f"{[len(g) for g in saved_groups]} per optimizer group, this optimizer as "
-            f"{[len(g) for g in mine]}; the model must have the same trainable parameters "
-            f"in the same groups")
+    models = [[engine.precision.model_param_of(t) for t in group["params"]]
+              for group in optimizer.param_groups]
+    mine = [[names[id(p)] for p in group] for group in models]
+    check_group_names(checkpoint_dir, saved_groups, mine,
+                      [any(hasattr(p, UNIVERSAL_CHECKPOINT_NAME) for p in g) for g in models])
     torch_step = isinstance(optimizer, torch.optim.Optimizer) and \
         type(optimizer).__module__.startswith("torch.")
     with torch.no_grad():

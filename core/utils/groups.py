@@ -139,7 +139,17 @@ def _get_sequence_data_parallel_rank():
 # DeepSpeed use too).
 _EXPERT_PARALLEL_GROUP = {}
 _EXPERT_DATA_PARALLEL_GROUP = {}
+# With tensor parallelism (an mpu whose model-parallel size is > 1) two more per name: the
+# expert-data-parallel groups of every tensor-parallel rank joined (the ranks holding a copy
+# of the same experts when the experts are *not* tensor parallel: their gradients are summed
+# there), and the expert-parallel groups of every tensor-parallel rank joined (the ranks
+# holding other experts or other tensor-parallel pieces of them: a gradient norm sums there).
+_EXPERT_REPLICA_GROUP = {}
+_EXPERT_MODEL_PARALLEL_GROUP = {}
+_EXPERT_GROUPS_MPU = {}  # name -> the mpu the groups were built under (another one rebuilds)
 _EXPERT_GROUPS_WORLD = None  # the world the groups above were built in (a re-init drops them)
+_EXPERT_TABLES = (_EXPERT_PARALLEL_GROUP, _EXPERT_DATA_PARALLEL_GROUP, _EXPERT_REPLICA_GROUP,
+                  _EXPERT_MODEL_PARALLEL_GROUP, _EXPERT_GROUPS_MPU)
 
 
 def _expert_group_name(expert_parallel_size):
@@ -151,8 +161,8 @@ def _forget_stale_expert_groups():
     global _EXPERT_GROUPS_WORLD
     world = dist.get_world_group()
     if _EXPERT_GROUPS_WORLD is not world:
-        _EXPERT_PARALLEL_GROUP.clear()
-        _EXPERT_DATA_PARALLEL_GROUP.clear()
+        for table in _EXPERT_TABLES:
+            table.clear()
         _EXPERT_GROUPS_WORLD = world
 
 
@@ -177,36 +187,82 @@ def _expert_layout(world_size, expert_parallel_size, use_data_before_expert_para
     return contiguous, strided
 
 
+def _data_parallel_rank_lists():
+    """Every data-parallel group of the run as its global ranks in data-parallel-rank order,
+    ordered by their first rank: ``[range(world)]`` without model parallelism, else one per
+    model-parallel slice (tensor x pipeline rank). The registered mpu only knows this rank's
+    group, so the lists are gathered (collective over the world)."""
+    world = dist.get_world_size()
+    dp_size = _get_data_parallel_world_size()
+    if dp_size == world:
+        return [list(range(world))]
+    group = _get_data_parallel_group()
+    mine = [int(dist.get_global_rank(group, i)) for i in range(dp_size)]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine)
+    lists = sorted({tuple(ranks) for ranks in gathered}, key=lambda ranks: ranks[0])
+    covered = sorted(rank for ranks in lists for rank in ranks)
+    if covered != list(range(world)) or any(len(ranks) != dp_size for ranks in lists):
+        raise RuntimeError(f"the registered mpu's data-parallel groups {lists} do not split the "
+                           f"{world} ranks into groups of its data-parallel size {dp_size}")
+    return [list(ranks) for ranks in lists]
+
+
+def _new_groups(rank_lists, table, name, rank):
+    """One ``new_group`` per list (every rank, same order); keep the one holding ``rank``."""
+    for ranks in rank_lists:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            table[name] = group
+
+
 def _create_expert_and_data_parallel(expert_parallel_size_, use_data_before_expert_parallel_=False):
-    """Build (once per size) the expert-parallel and expert-data-parallel groups for
-    ``expert_parallel_size_``. Collective: every rank must call it, in the same order, since
-    each ``new_group`` is. Only pure data parallelism is supported so far: with model or
-    sequence parallelism the experts would have to be laid out over the data-parallel ranks of
-    each model-parallel slice."""
+    """Build (once per size and registered mpu) the expert-parallel and expert-data-parallel
+    groups for ``expert_parallel_size_``. Collective: every rank must call it, in the same
+    order, since each ``new_group`` is.
+
+    The experts are laid out over the data-parallel ranks of each model-parallel slice, the
+    layout Megatron-DeepSpeed uses: the slice's data-parallel ranks (in data-parallel-rank
+    order) are cut into expert-parallel groups of ``ep_size``, the expert-data-parallel groups
+    are the strided complement. Tensor parallel 2 x data parallel 4 (ranks ``dp * 2 + tp``),
+    ep 2: data-parallel groups [0, 2, 4, 6] and [1, 3, 5, 7], expert-parallel [0, 2], [4, 6],
+    [1, 3], [5, 7], expert-data-parallel [0, 4], [2, 6], [1, 5], [3, 7]."""
     if not dist.is_initialized():
         raise RuntimeError(f"expert parallelism (ep_size={expert_parallel_size_}) needs the "
                            f"distributed backend: call deepspeed.init_distributed() first")
     _forget_stale_expert_groups()
     name = _expert_group_name(expert_parallel_size_)
-    if name in _EXPERT_PARALLEL_GROUP:
+    if name in _EXPERT_PARALLEL_GROUP and _EXPERT_GROUPS_MPU.get(name) is mpu:
         return
-    for kind, size in (("model", _get_model_parallel_world_size()),
-                       ("sequence", _get_sequence_parallel_world_size())):
-        if size != 1:
-            raise NotImplementedError(f"expert parallelism together with {kind} parallelism "
-                                      f"(size {size}) is not supported yet; ep_size="
-                                      f"{expert_parallel_size_}")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    expert_lists, data_lists = _expert_layout(world, expert_parallel_size_,
-                                              use_data_before_expert_parallel_)
+    sequence = _get_sequence_parallel_world_size()
+    if sequence != 1:
+        raise NotImplementedError(
+            f"MoE expert groups (ep_size={expert_parallel_size_}) together with sequence "
+            f"parallelism (sequence_parallel_size={sequence}) are not supported: each sequence-"
+            f"parallel rank holds other tokens of the same samples, so the experts would have "
+            f"to be laid out over the sequence-data-parallel ranks and their gradients reduced "
+            f"there, which this implementation does not do; use ep_size=1 (experts replicated "
+            f"like dense weights) or sequence_parallel_size=1")
+    for table in _EXPERT_TABLES:
+        table.pop(name, None)
+    rank = dist.get_rank()
+    data_lists = _data_parallel_rank_lists()
+    # per model-parallel slice: the layout over its data-parallel ranks, in global ranks
+    per_slice = []
     for ranks in data_lists:
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            _EXPERT_DATA_PARALLEL_GROUP[name] = group
-    for ranks in expert_lists:
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            _EXPERT_PARALLEL_GROUP[name] = group
+        expert_idx, data_idx = _expert_layout(len(ranks), expert_parallel_size_,
+                                              use_data_before_expert_parallel_)
+        per_slice.append(([[ranks[i] for i in ids] for ids in expert_idx],
+                          [[ranks[i] for i in ids] for ids in data_idx]))
+    _new_groups([g for _, edp in per_slice for g in edp], _EXPERT_DATA_PARALLEL_GROUP, name, rank)
+    _new_groups([g for ep, _ in per_slice for g in ep], _EXPERT_PARALLEL_GROUP, name, rank)
+    if _get_model_parallel_world_size() > 1:
+        # the same position's groups of every slice, joined
+        for table, which in ((_EXPERT_REPLICA_GROUP, 1), (_EXPERT_MODEL_PARALLEL_GROUP, 0)):
+            joined = [sorted(r for layout in per_slice for r in layout[which][position])
+                      for position in range(len(per_slice[0][which]))]
+            _new_groups(joined, table, name, rank)
+    _EXPERT_GROUPS_MPU[name] = mpu
 
 
 def _expert_group(table, kind, group_name):
@@ -239,6 +295,26 @@ def _get_expert_data_parallel_group_dict():
     if dist.is_initialized():
         _forget_stale_expert_groups()
     return _EXPERT_DATA_PARALLEL_GROUP
+
+
+def _get_expert_replica_group(group_name):
+    """The ranks holding a copy of this rank's experts when the experts are replicated across
+    the tensor-parallel ranks (not tensor parallel): the expert-data-parallel group of every
+    tensor-parallel rank joined. Without tensor parallelism, the expert-data-parallel group."""
+    if dist.is_initialized():
+        _forget_stale_expert_groups()
+    group = _EXPERT_REPLICA_GROUP.get(group_name)
+    return group if group is not None else _get_expert_data_parallel_group(group_name)
+
+
+def _get_expert_model_parallel_group(group_name):
+    """The ranks holding the other experts or the other tensor-parallel pieces of this rank's
+    (tensor-parallel experts): the expert-parallel group of every tensor-parallel rank
+    joined. Without tensor parallelism, the expert-parallel group."""
+    if dist.is_initialized():
+        _forget_stale_expert_groups()
+    group = _EXPERT_MODEL_PARALLEL_GROUP.get(group_name)
+    return group if group is not None else _get_expert_parallel_group(group_name)
 
 
 def _get_expert_parallel_world_size(group_name):

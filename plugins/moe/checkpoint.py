@@ -22,7 +22,10 @@ ZeRO (ZeRO writes per-rank shards itself) the ranks that hold the same experts (
 intersection of their layers' expert-data-parallel groups, identical after every step) write
 one file, named by the lowest global rank among them (the expert-parallel rank in the default
 layout). It loads only at the layout it was saved with; another layout is refused with the
-saved and current ``ep_size``s, and ``load_optimizer_states=False`` loads the weights.
+saved and current ``ep_size``s, and ``load_optimizer_states=False`` loads the weights. To
+change the layout with the optimizer state, convert with ``ds_to_universal``: its module
+weights hold every expert under the global id, which ``load_experts`` cuts to this rank's, and
+``name_experts_globally`` tells the universal loaders which tensors are this rank's.
 """
 import os
 import re
@@ -221,12 +224,64 @@ def _expert_entries(checkpoint_dir, moe_layer_id, global_id, mp, prefix, local_i
     return entries
 
 
+def name_experts_globally(module):
+    """Declare the universal-checkpoint name (``deepspeed.hooks.UNIVERSAL_CHECKPOINT_NAME``) of
+    every expert parameter of a layer split over ranks: its name with the global expert id
+    (``ep_rank * num_local_experts + local id``), the name the model holding every expert
+    gives it and ``ds_to_universal`` stores it under. Universal loaders (core without ZeRO,
+    ZeRO 1/2) then read this rank's experts and their optimizer moments."""
+    from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME
+
+    for name, layer in moe_layers(module):
+        experts = layer.deepspeed_moe.experts.deepspeed_experts
+        first = _ep_rank(layer) * layer.num_local_experts
+        for key, param in experts.named_parameters():
+            if layer.ep_size == 1:
+                if hasattr(param, UNIVERSAL_CHECKPOINT_NAME):
+                    delattr(param, UNIVERSAL_CHECKPOINT_NAME)
+                continue
+            local, rest = key.split(".", 1)
+            setattr(param, UNIVERSAL_CHECKPOINT_NAME,
+                    f"{_experts_prefix(name)}{first + int(local)}.{rest}")
+
+
+def _whole_model_weights(layers, state_dict):
+    """``state_dict`` with each split layer's experts cut to this rank's, renamed to the local
+    ids, when it holds every expert of every split layer under the global ids (a universal
+    checkpoint's module weights: the model holding every expert); else None."""
+    split = [(name, layer) for name, layer in layers if layer.ep_size > 1]
+    if not split:
+        return None
+    weights = dict(state_dict)
+    for name, layer in split:
+        prefix = _experts_prefix(name)
+        entries = {key: weights.pop(key) for key in [k for k in weights if k.startswith(prefix)]}
+        held = {int(key[len(prefix):].split(".", 1)[0]) for key in entries}
+        if held != set(range(layer.num_experts)):
+            return None
+        first = _ep_rank(layer) * layer.num_local_experts
+        for key, value in entries.items():
+            global_id, rest = key[len(prefix):].split(".", 1)
+            local = int(global_id) - first
+            if 0 <= local < layer.num_local_experts:
+                weights[f"{prefix}{local}.{rest}"] = value
+    return weights
+
+
 def load_experts(engine, state_dict, checkpoint_dir, state):
     """The module's weights from the model-states entry plus this rank's expert files;
-    ``(missing, unexpected)`` or None when the checkpoint has no MoE entry."""
+    ``(missing, unexpected)`` or None when the checkpoint has no MoE entry. Model weights
+    holding every expert under its global id (a universal checkpoint) load into a model with
+    experts split over ranks: each rank keeps its own."""
     saved = state.get(MOE_STATE_KEY)
-    if saved is None or state_dict is None or not handles_checkpoints(engine):
+    if state_dict is None or not handles_checkpoints(engine):
         return None
+    if saved is None:
+        weights = _whole_model_weights(moe_layers(engine.module), state_dict)
+        if weights is None:
+            return None
+        result = engine.module.load_state_dict(weights, strict=False)
+        return list(result.missing_keys), list(result.unexpected_keys)
     layers = moe_layers(engine.module)
     _check_same_layers(checkpoint_dir, saved["layers"], layers)
     mp = model_parallel_rank(engine)

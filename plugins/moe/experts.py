@@ -11,12 +11,25 @@ import torch
 from torch import nn
 
 
+def _copy_with_marks(expert):
+    """A deep copy of ``expert`` whose parameters keep the original's Python attributes:
+    ``copy.deepcopy`` of a parameter drops them, and a tensor-parallel expert's marks
+    (Megatron's ``tensor_model_parallel``, ``partition_dim``, ...) say how gradients and
+    checkpoints treat it."""
+    clone = copy.deepcopy(expert)
+    for original, copied in zip(expert.parameters(), clone.parameters()):
+        for key, value in vars(original).items():
+            if not hasattr(copied, key):
+                setattr(copied, key, value)
+    return clone
+
+
 class Experts(nn.Module):
 
     def __init__(self, expert, num_local_experts=1, expert_group_name=None):
         super().__init__()
         self.deepspeed_experts = nn.ModuleList(
-            [copy.deepcopy(expert) for _ in range(num_local_experts)])
+            [_copy_with_marks(expert) for _ in range(num_local_experts)])
         self.num_local_experts = num_local_experts
         for param in self.parameters():
             param.allreduce = False

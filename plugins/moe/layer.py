@@ -8,6 +8,15 @@ gradients there and dense gradients over the whole data-parallel group. Building
 collective, so it happens in ``__init__`` when the distributed backend is up (every rank
 builds the same layers in the same order), else at the first forward; the engine needs
 nothing from the layer beyond the tags.
+
+With tensor parallelism (a registered mpu, ``deepspeed.initialize(mpu=...)``) the groups are
+laid out over the data-parallel ranks of each tensor-parallel slice (even at ``ep_size`` 1).
+``enable_expert_tensor_parallelism=False``: the experts are replicated over the
+tensor-parallel ranks, each runs its ``1/tp`` slice of the slots (``deepspeed.moe.mappings``),
+so their gradients are summed over every tensor-parallel rank's copies too, and they are
+marked ``tensor_model_parallel = False``. ``True``: the expert given is itself tensor parallel
+(e.g. column- then row-parallel linear), every rank runs all slots through its pieces, and
+the parameters keep the expert's own tensor-parallel marks.
 """
 import copy
 
@@ -65,33 +74,56 @@ class MoE(nn.Module):
         if self.use_residual:
             self.mlp = copy.deepcopy(expert)
             self.coefficient = nn.Linear(hidden_size, 2)
-        self._groups_ready = False
+        self._groups_ready, self._groups_mpu = False, None
         if dist.is_initialized():
             self.set_deepspeed_parallelism()
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_=False):
         """Build (or reuse) this layer's process groups and tag the expert parameters.
-        Collective when the groups do not exist yet: call it on every rank."""
-        if self._groups_ready:
+        Collective when the groups do not exist yet: call it on every rank. Done again when
+        another model-parallel unit was registered since (``deepspeed.initialize(mpu=...)``
+        after the model was built), since the groups are laid out over its slices."""
+        if self._groups_ready and self._groups_mpu is groups.mpu:
             return
-        if self.ep_size == 1:  # the experts are replicated like any dense weight
-            self._groups_ready = True
+        tp = groups._get_model_parallel_world_size()
+        experts = self.deepspeed_moe.experts
+        if self.ep_size == 1 and tp == 1:  # the experts are replicated like any dense weight
+            self.deepspeed_moe._set_tp_group(None, 1)
+            for param in experts.parameters():
+                for attr in (GRADIENT_GROUP, GRADIENT_NORM_GROUP):
+                    if hasattr(param, attr):
+                        delattr(param, attr)
+            self._groups_ready, self._groups_mpu = True, groups.mpu
             return
+        what = (f"MoE ep_size={self.ep_size}" if tp == 1 else
+                f"MoE ep_size={self.ep_size} with tensor parallelism (model-parallel size {tp})")
         if not dist.is_initialized():
-            raise RuntimeError(f"MoE with ep_size={self.ep_size} needs the distributed backend: "
-                               f"call deepspeed.init_distributed() before building or running it")
-        world = dist.get_world_size()
-        if world % self.ep_size != 0:
-            raise ValueError(f"MoE ep_size={self.ep_size} must divide the world size {world}")
-        if self.expert_group_name not in groups._get_expert_parallel_group_dict():
-            groups._create_expert_and_data_parallel(self.ep_size, use_data_before_expert_parallel_)
-        self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(self.expert_group_name))
-        expert_dp = groups._get_expert_data_parallel_group(self.expert_group_name)
-        expert_parallel = groups._get_expert_parallel_group(self.expert_group_name)
-        for param in self.deepspeed_moe.experts.parameters():
-            setattr(param, GRADIENT_GROUP, expert_dp)  # reduced over the same expert's ranks
-            setattr(param, GRADIENT_NORM_GROUP, expert_parallel)  # norm: over the other experts'
-        self._groups_ready = True
+            raise RuntimeError(f"{what} needs the distributed backend: call "
+                               f"deepspeed.init_distributed() before building or running it")
+        dp = groups._get_data_parallel_world_size()
+        if dp % self.ep_size != 0:
+            where = "world size" if dp == dist.get_world_size() else "data-parallel world size"
+            raise ValueError(f"MoE ep_size={self.ep_size} must divide the {where} {dp}")
+        groups._create_expert_and_data_parallel(self.ep_size, use_data_before_expert_parallel_)
+        name = self.expert_group_name
+        self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(name))
+        if tp > 1 and not self.enable_expert_tensor_parallelism:
+            # replicated over the TP ranks, each running its slice of the slots: the gradient
+            # sums every TP rank's slice; the ranks with other experts are this slice's
+            self.deepspeed_moe._set_tp_group(groups._get_model_parallel_group(), tp)
+            gradient_group = groups._get_expert_replica_group(name)
+            norm_group = groups._get_expert_parallel_group(name)
+        else:
+            # tensor-parallel experts (or none): each TP rank its own pieces, all slots
+            self.deepspeed_moe._set_tp_group(None, 1)
+            gradient_group = groups._get_expert_data_parallel_group(name)
+            norm_group = groups._get_expert_model_parallel_group(name)
+        for param in experts.parameters():
+            setattr(param, GRADIENT_GROUP, gradient_group)  # summed over the same expert's copies
+            setattr(param, GRADIENT_NORM_GROUP, norm_group)  # norm: over the other experts'
+            if tp > 1 and not self.enable_expert_tensor_parallelism:
+                param.tensor_model_parallel = False  # Megatron's mark: a replicated weight
+        self._groups_ready, self._groups_mpu = True, groups.mpu
 
     # upstream's private name, called by Megatron-DeepSpeed
     _create_process_groups = set_deepspeed_parallelism

@@ -12,7 +12,9 @@ data-parallel group.
 Checkpoints (``deepspeed.moe.checkpoint``): every expert goes into a file of its own, next to
 the model states (which then hold no expert), so the weights load at any ``ep_size``; with
 experts split over ranks and no ZeRO, the optimizer state is saved per expert-parallel rank and
-loads at the same layout.
+loads at the same layout. A universal checkpoint (``ds_to_universal``: every expert under its
+global id) loads at any ``ep_size``: the plugin names each rank's expert parameters by their
+global ids (``deepspeed.hooks.UNIVERSAL_CHECKPOINT_NAME``) and cuts the module weights.
 
 How it is enabled: there is no MoE config section (upstream has none; the layer's arguments
 say everything), and the engine class is not the plugin's to claim (the pipeline plugin may
@@ -33,6 +35,12 @@ def expert_parallel_layers(module):
             if isinstance(m, MoE) and m.ep_size > 1]
 
 
+def all_moe_layers(module):
+    from deepspeed.moe.layer import MoE
+
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, MoE)]
+
+
 def _describe(layers):
     name, layer = layers[0]
     return (f"MoE layer '{name or '<model>'}' (ep_size={layer.ep_size}, "
@@ -46,7 +54,21 @@ def check_moe_compatible(module, zero_stage, clipping=None):
     shards would mix the different experts that ranks hold in the same slot), z3 leaf or not.
     ZeRO 1/2 partition expert param groups over their expert-data-parallel group and gradient
     clipping sums expert norms over the expert-parallel group (``GRADIENT_NORM_GROUP``)."""
+    from deepspeed.utils import groups
+
     layers = expert_parallel_layers(module)
+    tp = groups._get_model_parallel_world_size()
+    if zero_stage >= 3 and tp > 1 and not layers:
+        replicated = [(name, m) for name, m in all_moe_layers(module)
+                      if not m.enable_expert_tensor_parallelism]
+        if replicated:
+            raise NotImplementedError(
+                f"ZeRO stage 3 is not supported with {_describe(replicated)} under tensor "
+                f"parallelism (model-parallel size {tp}) with "
+                f"enable_expert_tensor_parallelism=False: each tensor-parallel rank runs a "
+                f"slice of the tokens through its copy of the experts, so their gradients are "
+                f"summed over the tensor-parallel ranks too, which ZeRO-3 does not do; use "
+                f"zero_optimization.stage 1 or 2")
     if not layers:
         return
     where = _describe(layers)
@@ -62,8 +84,11 @@ def check_moe_compatible(module, zero_stage, clipping=None):
 def tag_expert_groups(module):
     """Build every MoE layer's process groups and tag its experts now (collective, in module
     order on every rank), so ZeRO sees ``GRADIENT_GROUP`` when it partitions the optimizer."""
-    for _, layer in expert_parallel_layers(module):
-        layer.set_deepspeed_parallelism()
+    from deepspeed.moe.layer import MoE
+
+    for layer in module.modules():
+        if isinstance(layer, MoE):  # ep_size 1 too: with tensor parallelism it needs groups
+            layer.set_deepspeed_parallelism()
 
 
 class MoEPlugin(DeepSpeedPlugin):
@@ -80,8 +105,11 @@ class MoEPlugin(DeepSpeedPlugin):
 
     @hookimpl
     def deepspeed_engine_init(self, engine, config):
+        from deepspeed.moe.checkpoint import name_experts_globally
+
         check_moe_compatible(engine.module, engine.sharding.stage, config.gradient_clipping)
         tag_expert_groups(engine.module)
+        name_experts_globally(engine.module)  # how universal checkpoints name this rank's
 
     # ------------------------------------------------------------------ checkpoints
     @hookimpl

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepspeed import comm as dist
-from deepspeed.moe import gating
+from deepspeed.moe import gating, mappings
 from deepspeed.moe.gating import capacity, gumbel_rsample, multiplicative_jitter
 from deepspeed.utils.logging import logger
 
@@ -198,7 +198,12 @@ def routing_from_masks(combine_weights, dispatch_mask):
 
 class MOELayer(nn.Module):
     """Gate, dispatch to the experts' ranks, run the local experts, bring the outputs back and
-    mix them by gate weight. Keeps the last forward's ``l_aux`` and ``exp_counts``."""
+    mix them by gate weight. Keeps the last forward's ``l_aux`` and ``exp_counts``.
+
+    With tensor parallelism and experts that are not tensor parallel, every tensor-parallel
+    rank gates the same tokens (the same ``l_aux``), sends only its slice of the slots through
+    the experts and gathers the slices back before the combine (``deepspeed.moe.mappings``);
+    with tensor-parallel experts every rank sends all slots and the expert reduces itself."""
 
     def __init__(self, gate, experts, ep_group_name, ep_size, num_local_experts, use_tutel=False):
         super().__init__()
@@ -208,6 +213,7 @@ class MOELayer(nn.Module):
         self.ep_size = ep_size
         self.ep_group_name = ep_group_name
         self.num_local_experts = num_local_experts
+        self.tp_group, self.tp_size = None, 1  # set when experts are replicated over TP ranks
         self.l_aux = None
         self.exp_counts = None
         self.use_tutel = False
@@ -215,8 +221,35 @@ class MOELayer(nn.Module):
             _note_tutel_fallback()
 
     def _set_ep_group(self, ep_group):
+        """(Re)point the layer and its gate at ``ep_group``: a layer rebuilds its groups when
+        another model-parallel unit is registered."""
         self.ep_group = ep_group
-        self.gate._set_ep_group(ep_group)
+        if getattr(self.gate, "ep_group", None) is None:
+            self.gate._set_ep_group(ep_group)
+        else:
+            self.gate.ep_group = ep_group
+
+    def _set_tp_group(self, tp_group, tp_size):
+        """Experts replicated over ``tp_size`` tensor-parallel ranks holding the same tokens:
+        each rank sends only its ``1/tp`` slice of the slots through them (None: all)."""
+        self.tp_group, self.tp_size = (tp_group, tp_size) if tp_size > 1 else (None, 1)
+
+    def _keep_own_slots(self, dispatched):
+        """``[E, C, M]`` -> this tensor-parallel rank's ``[E, C'/tp, M]``, ``C`` padded with
+        empty slots to ``C'``, a multiple of ``tp`` (the padding is cut off again after the
+        gather, so it never reaches a token)."""
+        if self.tp_group is None:
+            return dispatched
+        pad = -dispatched.shape[1] % self.tp_size
+        if pad:
+            dispatched = torch.cat([dispatched, dispatched.new_zeros(
+                dispatched.shape[0], pad, dispatched.shape[2])], dim=1)
+        return mappings.drop_tokens(dispatched, dim=1, group=self.tp_group)
+
+    def _gather_slots(self, expert_out, slots):
+        if self.tp_group is None:
+            return expert_out
+        return mappings.gather_tokens(expert_out, dim=1, group=self.tp_group)[:, :slots]
 
     def _exchange(self, tensor):
         if self.ep_size == 1:
@@ -240,11 +273,12 @@ class MOELayer(nn.Module):
             routing = routing_from_masks(combine_weights, dispatch_mask)
         slots = combine_weights.shape[2]
         dispatched = dispatch_by_index(tokens, routing, combine_weights.shape[1], slots)
-        dispatched = self._exchange(dispatched)
+        dispatched = self._exchange(self._keep_own_slots(dispatched))
         # [ep (source ranks), local experts, C, M]: the experts run on dim 1
         expert_in = dispatched.reshape(self.ep_size, self.num_local_experts, -1, d_model)
         expert_out = self.experts(expert_in)
         expert_out = self._exchange(expert_out.contiguous())
         expert_out = expert_out.reshape(self.ep_size * self.num_local_experts, -1, d_model)
+        expert_out = self._gather_slots(expert_out, slots)
         combined = combine_by_index(expert_out, routing)
         return combined.reshape(hidden.shape)

@@ -3,17 +3,23 @@
 A universal checkpoint stores every parameter and optimizer moment whole, so each rank cuts
 its partition straight from them for the optimizer's *current* layout (any world size,
 bucket size or stage 1-3) and installs it like one of its own checkpoints. Each rank reads
-(memory-mapped) only the parameters its partition touches.
+(memory-mapped) only the parameters its partition touches. A param group partitioned over its
+own process group (MoE experts, ``deepspeed.hooks.GRADIENT_GROUP``) is cut for that group, and
+its parameters are read by their universal names (``UNIVERSAL_CHECKPOINT_NAME``: an expert
+under its index in the model holding every expert).
 """
 import torch
 
 from deepspeed.checkpoint.universal import FP32_KEY, load_param_state, read_info
 from deepspeed.zero import partition as layout_math
-from deepspeed.zero.partition_state import (ZeroCheckpointError, check_recut,
-                                            frozen_zero3_params, load_partition_state_dict)
+from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME
+from deepspeed.zero.partition_state import (ZeroCheckpointError, frozen_zero3_params,
+                                            load_partition_state_dict)
 
 
-def _check_groups(info, described, checkpoint_dir):
+def _check_groups(info, described, checkpoint_dir, partial):
+    """Every group's parameters are the checkpoint group's (``partial``: a part of them, this
+    rank's experts), with the checkpoint's sizes."""
     saved = info["group_params"]
     if len(saved) != len(described):
         raise ZeroCheckpointError(
@@ -22,7 +28,7 @@ def _check_groups(info, described, checkpoint_dir):
     shapes = info["param_shapes"]
     for group, (names, buckets) in enumerate(zip(saved, described)):
         mine = {n: k for b in buckets for n, k in zip(b["params"], b["numels"])}
-        if set(names) != set(mine):
+        if not (set(mine) <= set(names) if partial[group] else set(names) == set(mine)):
             hint = ("; loading into a part of the model (a PipelineEngine stage) is not "
                     "supported: load it into a non-pipeline model whose parameter names are "
                     "the checkpoint's" if set(mine) < set(names) else "")
@@ -49,14 +55,22 @@ def _cut(checkpoint_dir, described, world_size, rank, key):
 def universal_partition_state_dict(opt, checkpoint_dir):
     """A ``partition_state_dict`` (see ``deepspeed.zero.partition_state``) for this rank of
     ``opt``'s current layout, built from the universal checkpoint in ``checkpoint_dir``."""
-    check_recut(opt, checkpoint_dir)
     info = read_info(checkpoint_dir)
-    described = layout_math.describe(opt.layouts, opt.param_names)
-    _check_groups(info, described, checkpoint_dir)
+    names, partial = dict(opt.param_names), []
+    for layout in opt.layouts:
+        params = [p for bucket in layout.buckets for p in bucket.params]
+        names.update({id(p): getattr(p, UNIVERSAL_CHECKPOINT_NAME, names.get(id(p)))
+                      for p in params})
+        partial.append(any(hasattr(p, UNIVERSAL_CHECKPOINT_NAME) for p in params))
+    described = layout_math.describe(opt.layouts, names)
+    _check_groups(info, described, checkpoint_dir, partial)
+    comms = getattr(opt, "group_comms", None)
     fp32, states = [], []
     for group, buckets in enumerate(described):
-        fp32.append(_cut(checkpoint_dir, buckets, opt.world_size, opt.rank, FP32_KEY))
-        states.append({key: _cut(checkpoint_dir, buckets, opt.world_size, opt.rank, key)
+        # a group partitioned over its own process group (MoE experts) is cut for it
+        world, rank = (comms[group][2], comms[group][1]) if comms else (opt.world_size, opt.rank)
+        fp32.append(_cut(checkpoint_dir, buckets, world, rank, FP32_KEY))
+        states.append({key: _cut(checkpoint_dir, buckets, world, rank, key)
                        for key in info["state_keys"][group]})
     frozen = {}
     for name in frozen_zero3_params(opt):

@@ -3,7 +3,10 @@ partitioned over 4 ranks, expert groups over the 2 ranks holding the same expert
 into the layout the ep-1 model (every expert) would have saved, and loading it with
 ``load_universal`` into an ep-1 engine on 1 rank (ZeRO 1, and without ZeRO) gives exactly the
 saved engine's fp32 weights and Adam moments. The same holds for an ep-2 checkpoint saved
-without ZeRO on 2 ranks (the optimizer state in one file per expert-parallel rank)."""
+without ZeRO on 2 ranks (the optimizer state in one file per expert-parallel rank). Loaded into
+an expert-parallel engine (ep 2 on 2 ranks, ep 4 on 4 ranks; without ZeRO and ZeRO-2), each
+rank holds its own experts' saved weights and moments, and the next two steps' losses are the
+original checkpoint's resumed at the layout it was saved with."""
 import os
 
 import pytest
@@ -220,3 +223,117 @@ def test_expert_groups_are_cut_by_the_recorded_rank_tables():
     groups = global_groups(plan, [dense] + described,
                            [{"inp.weight": [8]}, {f"{EXPERTS_PREFIX}1.0.weight": [8]}])
     assert list(groups[1]) == [f"{EXPERTS_PREFIX}{e}.0.weight" for e in (1, 3)]
+
+
+# ---------------------------------------------------------------- into expert-parallel engines
+NEXT_SHARDS = 4  # the global batch of each step after loading: 4 micro-batches
+
+
+def _next_steps(engine, steps=2):
+    """Mean loss over a global batch of ``NEXT_SHARDS`` micro-batches (each rank its share,
+    accumulated) for each of ``steps`` Adam steps: the first is the loaded weights' loss, the
+    second shows the update made with the loaded moments."""
+    import deepspeed.comm as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    share = NEXT_SHARDS // world
+    g = torch.Generator().manual_seed(5)
+    losses = []
+    for _ in range(steps):
+        shards = [(torch.randn(MICRO, IN, generator=g), torch.randn(MICRO, OUT, generator=g))
+                  for _ in range(NEXT_SHARDS)]
+        total = torch.zeros(())
+        for x, y in shards[rank * share:(rank + 1) * share]:
+            loss = loss_of(engine, x, y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach()
+        dist.all_reduce(total)
+        losses.append(total.item() / NEXT_SHARDS)
+    return losses
+
+
+def _state_of(engine, stage, first):
+    """This rank's fp32 weights and Adam moments under the ep-1 (global) names."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    out = {}
+    for name, param in engine.module.named_parameters():
+        if stage == 0:
+            state = engine.basic_optimizer.state[param]
+            values = {"fp32": param.detach().clone(), **{k: state[k].clone() for k in STATE_KEYS}}
+        else:
+            values = {"fp32": safe_get_full_fp32_param(param).clone(),
+                      **{k: safe_get_full_optimizer_state(param, k).clone() for k in STATE_KEYS}}
+        out[global_expert_name(name, first)] = values
+    return out
+
+
+def _resume_original(source_dir, ep_size, stage, swapped):
+    """The original checkpoint loaded back at the layout it was saved with, then 2 steps."""
+    _swapped_groups(ep_size, swapped)
+    try:
+        engine, _ = _gas_engine(ep_size, stage, seed=7, load_universal=False)
+        engine.load_checkpoint(source_dir, tag=TAG)
+        losses = _next_steps(engine)
+        engine.destroy()
+        return losses
+    finally:
+        if swapped:
+            _swapped_groups(ep_size, False)
+
+
+def _gas_engine(ep_size, stage, seed, load_universal):
+    import deepspeed
+    import deepspeed.comm as dist
+
+    model, ep_rank = ep_model(ep_size, seed, num_experts=NUM_EXPERTS)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 6,
+              "gradient_accumulation_steps": NEXT_SHARDS // dist.get_world_size(),
+              "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+              "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": stage}}
+    if load_universal:
+        config["checkpoint"] = {"load_universal": True}
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      model_parameters=moe_param_groups(model))
+    return engine, ep_rank * model.moe.num_local_experts
+
+
+def _load_universal_split(universal_dir, ep_size, stage):
+    engine, first = _gas_engine(ep_size, stage, seed=7, load_universal=True)
+    engine.load_checkpoint(universal_dir, tag=TAG)
+    assert engine.global_steps == 2
+    loaded = _state_of(engine, stage, first)
+    for name, param in engine.module.named_parameters():
+        assert torch.equal(param.detach(), loaded[global_expert_name(name, first)]["fp32"]), name
+    losses = _next_steps(engine)
+    engine.destroy()
+    return loaded, losses
+
+
+@pytest.fixture(scope="module")
+def resumed_original(dist_pool, ep2_source):
+    root, _, world, stage = ep2_source
+    swapped = "swapped" in root.name  # the fixture's folder is named after its source
+    return dist_pool.run(_resume_original, world_size=world,
+                         args=(str(root / "src"), 2, stage, swapped))[0]
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("ep_size", [2, 4])
+def test_loads_into_an_expert_parallel_engine(dist_pool, ep2_source, resumed_original, ep_size,
+                                              stage):
+    """ep 2 on 2 ranks and ep 4 on 4 ranks: each rank reads its own experts (global id
+    ``ep_rank * num_local_experts + local``) and their moments; the next steps' losses are the
+    original checkpoint's resumed at its own layout."""
+    root, saved, *_ = ep2_source
+    results = dist_pool.run(_load_universal_split, world_size=ep_size,
+                            args=(str(root / "universal"), ep_size, stage))
+    held = set()
+    for loaded, losses in results:
+        for name, values in loaded.items():
+            for key, value in values.items():
+                assert torch.equal(value, saved[name][key]), (name, key)
+        held |= set(loaded)
+        assert losses == pytest.approx(resumed_original, abs=1e-6)
+    assert held == set(saved)  # every expert is on some rank
