@@ -36,6 +36,11 @@ class CurriculumMetricConfig(DeepSpeedConfigModel):
 
 
 class DataSamplingCurriculumConfig(DeepSpeedConfigModel):
+    without_effect = {
+        "data_cluster_path": "the sampler keeps its clusters in memory (one shuffled queue of "
+                             "the samples within the current difficulty) and writes no cluster "
+                             "files; resume replays the draws from the checkpointed count",
+    }
     enabled: bool = False
     data_cluster_path: Optional[str] = None
     curriculum_metrics: Dict[str, CurriculumMetricConfig] = Field(default_factory=dict)
@@ -96,6 +101,11 @@ class RandomLTDConfig(DeepSpeedConfigModel):
     hidden_state_order: Literal["batch_seq_dim", "seq_batch_dim"] = "batch_seq_dim"
     random_ltd_schedule: Optional[RandomLTDScheduleConfig] = None
     layer_token_lr_schedule: Dict[str, Any] = Field(default_factory=dict)
+
+    without_effect = {
+        "layer_token_lr_schedule": "the learning rate follows the optimizer's own scheduler; "
+                                   "a schedule over consumed layer tokens is not implemented",
+    }
 
     @model_validator(mode="after")
     def _layers(self):
