@@ -1,25 +1,29 @@
 """Fused row-group attention: the CPU path of ``SparseSelfAttention``.
 
-Block rows of a layout that attend to the same set of column blocks (for the Fixed pattern:
-all rows of one local window, which share the window and the same global columns) form a
-group. Each group is one call of ``torch.nn.functional.scaled_dot_product_attention`` on its
-query rows and the gathered key/value blocks of its column set, and groups of equal shape are
-stacked along the batch dimension into one call. On CPU that call is torch's fused flash
-kernel, so no ``[nnz, block, block]`` score or probability tensor is ever materialised; the
-working memory is the gathered keys/values of at most ``BUDGET`` elements at a time plus the
-output, linear in the number of non-zero blocks. Contiguous runs of rows or columns are slices
-(no copy). Autograd goes through SDPA and the gathers, so the backward pass comes for free.
+The layout's column blocks that every row of a head class attends to (for the Fixed pattern:
+the global columns) are the *shared* part: one attention call of all queries against those
+keys, gathered once. The rest of each row's columns (for Fixed: its local window) is its
+*residual*; block rows with the same residual form a group, groups of one shape are stacked
+along the head dimension, and each stack is one more attention call on its query rows and the
+gathered residual key/value blocks. The partial results are merged with their log-sum-exps
+(flash-attention style): ``O = sum_i O_i exp(lse_i - lse)``, ``lse = logsumexp_i lse_i``.
 
-Heads with identical layouts are processed together; heads with different layouts (e.g.
-``different_layout_per_head=True``) form separate head classes. Masks (``rpe``,
-``key_padding``, ``attn``: additive, as ``softmax.py`` converts them) are gathered for each
-group into SDPA's ``attn_mask``; -inf is replaced by -1e30 so a row that masks out every key
-stays finite and is then zeroed, matching the blocked path (zeros, not NaN).
+Each call is torch's fused CPU flash kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``, which also returns the log-sum-exp), so
+no ``[nnz, block, block]`` score or probability tensor is materialised and the shared keys are
+not copied once per row. The backward pass calls the kernel's backward once per part with the
+*merged* output and log-sum-exp: that gives exactly each part's share of the full gradient.
+Working memory: the gathered keys/values (the shared set once, the residual stacks at most
+``BUDGET`` elements at a time), the output and the log-sum-exp: linear in the non-zero blocks.
 
-Every layout and every mask ``SparseSelfAttention`` accepts runs here. Layouts whose rows all
-differ (sliding windows, random blocks) give groups of one block row (``block`` queries) per
-call, which still measured no slower than the blocked path; ``backend="blocked"`` selects the
-blocked path (``torch_kernels``) instead.
+Heads with identical layouts run together; heads with different layouts
+(``different_layout_per_head=True``) form separate head classes. Masks (``rpe``,
+``key_padding``, ``attn``: additive, as ``softmax.py`` converts them) are gathered per part into
+the kernel's ``attn_mask``; -inf becomes -1e30 so a row that masks out every key stays finite,
+and it is then zeroed, as in the blocked path (zeros, not NaN). The masks take no gradient.
+
+Every layout and mask ``SparseSelfAttention`` accepts runs here, for CPU tensors. CUDA tensors
+with ``backend="torch"``, and ``backend="blocked"``, use the blocked path (``torch_kernels``).
 """
 from dataclasses import dataclass
 
@@ -44,7 +48,9 @@ class _Stack:
 class _HeadClass:
     heads: torch.Tensor     # head indices sharing this layout
     contiguous: tuple       # (start, stop) when the heads are a contiguous range
-    stacks: list
+    shared: torch.Tensor    # column blocks every row attends to (may be empty)
+    shared_slice: tuple     # (start, stop) when those are a contiguous run
+    stacks: list            # the residual groups
 
 
 def _run(idx):
@@ -61,6 +67,8 @@ def _stacks(layout_2d):
     groups of one shape stacked."""
     rows_of = {}
     for r, row in enumerate(layout_2d):
+        if not bool(row.any()):
+            continue  # nothing left beyond the shared columns
         rows_of.setdefault(row.numpy().tobytes(), []).append(r)
     by_shape = {}
     for key_rows in rows_of.values():
@@ -87,8 +95,12 @@ def plan(layout):
         seen.setdefault(lay[h].numpy().tobytes(), []).append(h)
     for heads in seen.values():
         heads_t = torch.tensor(heads, dtype=torch.int64)
-        stacks = _stacks(lay[heads[0]])
-        classes.append(_HeadClass(heads_t, _run(heads_t), stacks))
+        one = lay[heads[0]]
+        shared = one.all(0)
+        shared_cols = shared.nonzero().flatten()
+        classes.append(_HeadClass(heads_t, _run(heads_t), shared_cols,
+                                  _run(shared_cols) if shared_cols.numel() else None,
+                                  _stacks(one & ~shared)))
     layout._on[key] = classes
     return classes
 
@@ -118,10 +130,102 @@ def _take(x, idx, bl, sl):
     return x[:, :, _tokens(idx.to(x.device), bl)].flatten(1, 2)
 
 
-def _group_mask(stack, bl, heads, rpe, key_padding, attn, device):
-    """The additive SDPA mask of a stack, broadcastable to ``[Z, H, G, R*bl, C*bl]``."""
-    rt = _tokens(stack.rows.to(device), bl)[:, :, None]              # [G, R*bl, 1]
-    ct = _tokens(stack.cols.to(device), bl)[:, None, :]              # [G, 1, C*bl]
+_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _parts(hc, z, bl, d):
+    """``(rows, cols, row_slice, col_slice)`` of each call: the shared part (all rows; ``rows``
+    None) and the residual stacks cut to ``BUDGET``."""
+    if hc.shared.numel():
+        yield None, hc.shared[None], (0, None), hc.shared_slice
+    for st in _chunks(hc.stacks, z * len(hc.heads) * 2 * bl * d):
+        yield st.rows, st.cols, st.row_slice, st.col_slice
+
+
+def _rows_of(x, rows, bl, sl):
+    """Rows (tokens) of ``x`` ([Z, h, S, ...]) for a part, as ``[Z, h * G, R*bl, ...]``."""
+    if sl is not None:
+        return x[:, :, sl[0] * bl:None if sl[1] is None else sl[1] * bl]
+    return x[:, :, _tokens(rows.to(x.device), bl)].flatten(1, 2)
+
+
+class _Merged(torch.autograd.Function):
+    """Attention of one head class ``[Z, h, S, D]`` as the LSE-merge of its parts."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, hc, bl, scale, masks):
+        z, nh, s, d = q.shape
+        acc = torch.promote_types(q.dtype, torch.float32)
+        out = lse = None
+        for (rows, cols, rsl, csl), mask in zip(_parts(hc, z, bl, d), masks):
+            o, l = _fwd(_rows_of(q, rows, bl, rsl), _take(k, cols, bl, csl), _take(v, cols, bl, csl),
+                        attn_mask=mask, scale=scale)
+            g = 1 if rows is None else rows.shape[0]
+            o = o.unflatten(1, (nh, g)).flatten(2, 3).to(acc)
+            l = l.unflatten(1, (nh, g)).flatten(2, 3).to(acc)
+            if rows is None:            # the shared part: every row, first
+                out, lse = o, l
+                continue
+            if out is None:
+                out = q.new_zeros(z, nh, s, d, dtype=acc)
+                lse = q.new_full((z, nh, s), float("-inf"), dtype=acc)
+            run = _run(rows.flatten())
+            if run is not None:         # a contiguous run of rows: merge in place, no gather
+                sl = slice(run[0] * bl, run[1] * bl)
+                old_o, old_l = out[:, :, sl], lse[:, :, sl]
+            else:
+                tok = _tokens(rows.flatten().to(q.device), bl)
+                old_o, old_l = out[:, :, tok], lse[:, :, tok]
+            new_l = torch.logaddexp(old_l, l)
+            old_o.mul_(torch.exp(old_l - new_l)[..., None]).add_(o.mul_(torch.exp(l - new_l)[..., None]))
+            if run is not None:
+                old_l.copy_(new_l)
+            else:
+                out.index_copy_(2, tok, old_o)
+                lse.index_copy_(2, tok, new_l)
+        dead = None
+        if any(m is not None for m in masks):
+            dead = lse <= MASK_FLOOR / 2
+            out.masked_fill_(dead[..., None], 0.0)
+        out = out.to(q.dtype)
+        ctx.hc, ctx.bl, ctx.scale, ctx.masks, ctx.dead = hc, bl, scale, masks, dead
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        hc, bl, scale = ctx.hc, ctx.bl, ctx.scale
+        z, nh, s, d = q.shape
+        grad = grad.contiguous()
+        if ctx.dead is not None:
+            grad = grad.masked_fill(ctx.dead[..., None], 0.0)
+        lse = lse.to(torch.float32) if q.dtype != torch.float64 else lse
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for (rows, cols, rsl, csl), mask in zip(_parts(hc, z, bl, d), ctx.masks):
+            gq, gk, gv = _bwd(_rows_of(grad, rows, bl, rsl), _rows_of(q, rows, bl, rsl),
+                              _take(k, cols, bl, csl), _take(v, cols, bl, csl),
+                              _rows_of(out, rows, bl, rsl), _rows_of(lse, rows, bl, rsl).contiguous(),
+                              0.0, False, attn_mask=mask, scale=scale)
+            g = 1 if rows is None else rows.shape[0]
+            gq = gq.unflatten(1, (nh, g)).flatten(2, 3)
+            if rows is None:
+                dq += gq
+            else:
+                dq.index_add_(2, _tokens(rows.flatten().to(q.device), bl), gq)
+            ctok = _tokens(cols.flatten().to(q.device), bl)
+            dk.index_add_(2, ctok, gk.unflatten(1, (nh, g)).flatten(2, 3))
+            dv.index_add_(2, ctok, gv.unflatten(1, (nh, g)).flatten(2, 3))
+        return dq, dk, dv, None, None, None, None
+
+
+def _group_mask(rows, cols, s, bl, heads, rpe, key_padding, attn, z, dtype):
+    """The additive mask of a part ``[Z, h * G, R*bl, C*bl]`` (rows None: all ``s`` rows)."""
+    device = (rpe if rpe is not None else key_padding if key_padding is not None else attn).device
+    rt = (torch.arange(s, device=device)[None] if rows is None
+          else _tokens(rows.to(device), bl))[:, :, None]             # [G, R*bl, 1]
+    ct = _tokens(cols.to(device), bl)[:, None, :]                    # [G, 1, C*bl]
     mask = None
     if rpe is not None:                                               # [H, M, N]
         mask = rpe[heads.to(device)[:, None, None, None], rt, ct][None]  # [1, h, G, R*bl, C*bl]
@@ -131,7 +235,9 @@ def _group_mask(stack, bl, heads, rpe, key_padding, attn, device):
     if attn is not None:                                              # [M, N]
         m = attn[rt, ct][None, None]                                  # [1, 1, G, R*bl, C*bl]
         mask = m if mask is None else mask + m
-    return mask.clamp(min=MASK_FLOOR)
+    g = ct.shape[0]
+    mask = mask.clamp(min=MASK_FLOOR).to(dtype)
+    return mask.expand(z, len(heads), g, rt.shape[1], ct.shape[2]).flatten(1, 2)
 
 
 def attention(q, k, v, layout, classes, scale, rpe=None, key_padding=None, attn=None):
@@ -153,30 +259,9 @@ def attention(q, k, v, layout, classes, scale, rpe=None, key_padding=None, attn=
         else:
             hi = hc.heads.to(q.device)
             qh, kh, vh = q[:, hi], k[:, hi], v[:, hi]
-        nh = qh.shape[1]
-        pieces, order = [], []
-        for st in _chunks(hc.stacks, z * nh * 2 * bl * d):
-            g = st.rows.shape[0]
-            qg, kg, vg = (_take(qh, st.rows, bl, st.row_slice), _take(kh, st.cols, bl, st.col_slice),
-                          _take(vh, st.cols, bl, st.col_slice))
-            mask = None
-            if masked:
-                mask = _group_mask(st, bl, hc.heads, rpe, key_padding, attn, q.device)
-                mask = mask.to(q.dtype)
-            if masked:
-                mask = mask.expand(z, nh, g, qg.shape[-2], kg.shape[-2]).flatten(1, 2)
-            # 4-D operands [Z, h * G, tokens, D]: the fused CPU kernel's layout
-            o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)
-            if masked:
-                o = o.masked_fill((mask <= MASK_FLOOR / 2).all(-1, keepdim=True), 0.0)
-            pieces.append(o.unflatten(1, (nh, g)).flatten(2, 3))      # [Z, h, G*R*bl, D]
-            order.append(st.rows.flatten())
-        order = torch.cat(order)
-        o = torch.cat(pieces, 2) if len(pieces) > 1 else pieces[0]
-        if not bool((order == torch.arange(order.numel())).all()):
-            inv = torch.empty_like(order)
-            inv[order] = torch.arange(order.numel())
-            o = o[:, :, _tokens(inv.to(q.device), bl)]
+        masks = [_group_mask(rows, cols, s, bl, hc.heads, rpe, key_padding, attn, z, q.dtype)
+                 if masked else None for rows, cols, _, _ in _parts(hc, z, bl, d)]
+        o = _Merged.apply(qh, kh, vh, hc, bl, scale, masks)
         if len(classes) == 1:
             return o
         if out is None:

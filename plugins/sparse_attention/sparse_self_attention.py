@@ -107,7 +107,7 @@ class SparseSelfAttention(nn.Module):
         if attn_mask is not None:
             attn_mask = _squeeze_mask(attn_mask, "attn_mask", 2)
         scale = float(head_dim) ** -0.5
-        if check_backend(self.backend) != "blocked" and \
+        if query.device.type == "cpu" and check_backend(self.backend) != "blocked" and \
                 kernels_for(query, self.backend).__name__.endswith("torch_kernels"):
             return self._row_groups(query, key, value, softmax, row_groups.plan(softmax.layout),
                                     scale, rpe, key_padding_mask, attn_mask)
