@@ -2,7 +2,9 @@
 
 Three contestants, each timed in the same run: ``sparse`` (``SparseSelfAttention`` as shipped:
 the fused row-group path on CPU), ``blocked`` (``backend="blocked"``: the blocked torch
-composition sdd -> softmax -> dsd that was the CPU path before) and ``dense`` (SDPA, no mask).
+composition sdd -> softmax -> dsd that was the CPU path before) and ``dense`` (SDPA, no mask);
+``--flex`` adds ``flex``: ``torch.nn.attention.flex_attention`` under ``torch.compile`` with a
+``BlockMask`` of the layout at block 16 (its first call includes the compile).
 Each measurement runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own; the
 reported memory is that peak minus the RSS after the inputs were made. Forward only, fp32,
 batch 1, 8 heads, head dim 64. Prints density, time and memory side by side and the target
@@ -38,7 +40,19 @@ def _child(kind, seq, repeats, attention):
                                  backend="blocked" if kind == "blocked" else None)
     layout = sparse.get_layout(seq)
     density = float(layout.float().mean())
-    if kind in ("sparse", "blocked"):
+    if kind == "flex":
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+        lay = layout.bool()
+        block_mask = BlockMask.from_kv_blocks(
+            lay.sum(-1).to(torch.int32)[None],
+            torch.argsort((~lay).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None],
+            BLOCK_SIZE=BLOCK)
+        compiled = torch.compile(flex_attention)
+
+        def run():
+            return compiled(q, k, v, block_mask=block_mask)
+    elif kind in ("sparse", "blocked"):
         def run():
             return sparse(q, k, v)
     else:
@@ -78,10 +92,14 @@ def main():
     parser.add_argument("--attention", choices=["bidirectional", "unidirectional"], default="bidirectional")
     parser.add_argument("--skip-blocked", action="store_true",
                         help="leave out the blocked path (slow and memory-hungry at 16384)")
+    parser.add_argument("--flex", action="store_true",
+                        help="also time flex_attention + torch.compile (compiles for ~1 min)")
     args = parser.parse_args()
     print(f"Fixed(num_local_blocks=4, num_global_blocks=1, {args.attention}), block {BLOCK}, "
           f"{HEADS} heads x {HEAD_DIM}, batch 1, fp32 forward, best of {args.repeats}")
     kinds = ["sparse", "dense"] if args.skip_blocked else ["sparse", "blocked", "dense"]
+    if args.flex:
+        kinds.insert(-1, "flex")
     print(f"{'seq':>6} {'density':>8} {'target':>7} {'path':>8} {'time s':>7} {'first s':>8} "
           f"{'ratio':>6} {'peak MiB':>9}")
     for seq in args.seqs:
