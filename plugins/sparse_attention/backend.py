@@ -1,7 +1,12 @@
 """Which implementation runs a block-sparse op: the Triton kernels or the blocked torch path.
 
-``auto`` (the default) picks Triton for CUDA tensors when Triton imports, and the blocked torch
-path otherwise (on CPU it is the fast path: see ``tools/bench/sparse_attention_bench.py``).
+``auto`` (the default) picks Triton for CUDA tensors when Triton imports, and the torch path
+otherwise. On the torch path ``SparseSelfAttention`` runs the fused row-group attention
+(``row_groups.py``: one SDPA call per stack of query rows sharing their key blocks; the fast CPU
+path, see ``tools/bench/sparse_attention_bench.py``); the separate ops (``MatMul``,
+``Softmax``) run the blocked torch kernels (``torch_kernels.py``). ``blocked`` makes
+``SparseSelfAttention`` compose the blocked ops too (the path before the row-group one: kept for
+comparison and as a fallback).
 ``triton`` forces the kernels: on CPU tensors that needs the Triton interpreter
 (``TRITON_INTERPRET=1`` set before Triton is imported), which the tests use to check them
 without a GPU. ``DS_SPARSE_ATTENTION_BACKEND`` sets the default for a process.
@@ -9,7 +14,7 @@ without a GPU. ``DS_SPARSE_ATTENTION_BACKEND`` sets the default for a process.
 import importlib
 import os
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "blocked", "triton")
 BACKEND_ENV = "DS_SPARSE_ATTENTION_BACKEND"
 
 
@@ -41,7 +46,7 @@ def kernels_for(tensor, backend=None):
     backend = check_backend(backend)
     if backend == "auto":
         backend = "triton" if tensor.is_cuda and triton_status()[0] else "torch"
-    if backend == "torch":
+    if backend in ("torch", "blocked"):
         return importlib.import_module("deepspeed.sparse_attention.torch_kernels")
     ok, why = triton_status()
     if not ok:

@@ -1,5 +1,8 @@
 """``SparseSelfAttention``: softmax(Q K^T * scale + masks) V computed on a sparsity pattern's
-blocks only, as three block-sparse ops (``sdd`` scores, ``Softmax``, ``dsd`` context).
+blocks only. On the torch path (CPU) that is the fused row-group attention of
+``row_groups.py`` (one SDPA call per stack of query rows sharing their key blocks); with Triton
+(CUDA), or ``backend="blocked"``, it is three block-sparse ops (``sdd`` scores, ``Softmax``,
+``dsd`` context).
 
 The layout is made once for ``max_seq_length`` and cut to each input's length (the pattern's
 top-left corner), so one module serves every length up to the maximum that is a multiple of
@@ -10,9 +13,11 @@ every data-parallel replica then computes the same function.
 import torch
 from torch import nn
 
+from deepspeed.sparse_attention import row_groups
+from deepspeed.sparse_attention.backend import check_backend, kernels_for
 from deepspeed.sparse_attention.layout_index import BlockLayout
 from deepspeed.sparse_attention.matmul import MatMul
-from deepspeed.sparse_attention.softmax import MASK_MODES, Softmax
+from deepspeed.sparse_attention.softmax import MASK_MODES, Softmax, additive_mask
 from deepspeed.sparse_attention.sparsity_config import SparsityConfig
 
 
@@ -101,9 +106,28 @@ class SparseSelfAttention(nn.Module):
             key_padding_mask = _squeeze_mask(key_padding_mask, "key_padding_mask", 2)
         if attn_mask is not None:
             attn_mask = _squeeze_mask(attn_mask, "attn_mask", 2)
+        scale = float(head_dim) ** -0.5
+        if query.device.type == "cpu" and check_backend(self.backend) != "blocked" and \
+                kernels_for(query, self.backend).__name__.endswith("torch_kernels"):
+            return self._row_groups(query, key, value, softmax, row_groups.plan(softmax.layout),
+                                    scale, rpe, key_padding_mask, attn_mask)
         scores = sdd(query, key)
-        probs = softmax(scores, scale=float(head_dim) ** -0.5, rpe=rpe,
+        probs = softmax(scores, scale=scale, rpe=rpe,
                         key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                         key_padding_mask_mode=self.key_padding_mask_mode,
                         attn_mask_mode=self.attn_mask_mode)
         return dsd(probs, value)
+
+    def _row_groups(self, query, key, value, softmax, classes, scale, rpe, key_padding_mask,
+                    attn_mask):
+        """The fused row-group path (``row_groups.py``): same checks and mask conversion as
+        ``Softmax``, then one SDPA call per stack of equal row groups."""
+        L = softmax.layout
+        z, _, s, _ = query.shape
+        if rpe is not None:
+            rpe = rpe.expand(L.heads, s, s) if rpe.dim() == 2 else softmax._check("rpe", rpe, (L.heads, s, s))
+        key_padding = softmax._check("key_padding_mask", key_padding_mask, (z, s))
+        attn = softmax._check("attn_mask", attn_mask, (s, s))
+        key_padding = additive_mask(key_padding, self.key_padding_mask_mode, "key_padding_mask")
+        attn = additive_mask(attn, self.attn_mask_mode, "attn_mask")
+        return row_groups.attention(query, key, value, L, classes, scale, rpe, key_padding, attn)

@@ -1,5 +1,10 @@
 """Sparse (Fixed pattern, block 16) vs dense ``scaled_dot_product_attention`` on CPU.
 
+Three contestants, each timed in the same run: ``sparse`` (``SparseSelfAttention`` as shipped:
+the fused row-group path on CPU), ``blocked`` (``backend="blocked"``: the blocked torch
+composition sdd -> softmax -> dsd that was the CPU path before) and ``dense`` (SDPA, no mask);
+``--flex`` adds ``flex``: ``torch.nn.attention.flex_attention`` under ``torch.compile`` with a
+``BlockMask`` of the layout at block 16 (its first call includes the compile).
 Each measurement runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own; the
 reported memory is that peak minus the RSS after the inputs were made. Forward only, fp32,
 batch 1, 8 heads, head dim 64. Prints density, time and memory side by side and the target
@@ -31,10 +36,23 @@ def _child(kind, seq, repeats, attention):
     q, k, v = (torch.randn(1, HEADS, seq, HEAD_DIM) for _ in range(3))
     cfg = FixedSparsityConfig(HEADS, block=BLOCK, num_local_blocks=4, num_global_blocks=1,
                               attention=attention)
-    sparse = SparseSelfAttention(cfg, max_seq_length=seq)
+    sparse = SparseSelfAttention(cfg, max_seq_length=seq,
+                                 backend="blocked" if kind == "blocked" else None)
     layout = sparse.get_layout(seq)
     density = float(layout.float().mean())
-    if kind == "sparse":
+    if kind == "flex":
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+        lay = layout.bool()
+        block_mask = BlockMask.from_kv_blocks(
+            lay.sum(-1).to(torch.int32)[None],
+            torch.argsort((~lay).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None],
+            BLOCK_SIZE=BLOCK)
+        compiled = torch.compile(flex_attention)
+
+        def run():
+            return compiled(q, k, v, block_mask=block_mask)
+    elif kind in ("sparse", "blocked"):
         def run():
             return sparse(q, k, v)
     else:
@@ -44,13 +62,15 @@ def _child(kind, seq, repeats, attention):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     base = _rss_mib()  # inputs and layout made; nothing computed yet
     with torch.no_grad():
-        run()  # warm-up (index tables, allocator); its peak counts, it is the same work
+        start = time.perf_counter()
+        run()  # warm-up (index tables, plan, allocator); its peak counts, it is the same work
+        first = time.perf_counter() - start
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             run()
             times.append(time.perf_counter() - start)
-    return {"kind": kind, "seq": seq, "density": density, "time_s": min(times),
+    return {"kind": kind, "seq": seq, "density": density, "time_s": min(times), "first_s": first,
             "peak_extra_mib": _rss_mib() - base, "nnz_blocks": int(layout.sum())}
 
 
@@ -70,22 +90,30 @@ def main():
     parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention", choices=["bidirectional", "unidirectional"], default="bidirectional")
+    parser.add_argument("--skip-blocked", action="store_true",
+                        help="leave out the blocked path (slow and memory-hungry at 16384)")
+    parser.add_argument("--flex", action="store_true",
+                        help="also time flex_attention + torch.compile (compiles for ~1 min)")
     args = parser.parse_args()
     print(f"Fixed(num_local_blocks=4, num_global_blocks=1, {args.attention}), block {BLOCK}, "
           f"{HEADS} heads x {HEAD_DIM}, batch 1, fp32 forward, best of {args.repeats}")
-    print(f"{'seq':>6} {'density':>8} {'sparse s':>9} {'dense s':>8} {'ratio':>6} {'target':>7} "
-          f"{'sparse MiB':>11} {'dense MiB':>10}")
+    kinds = ["sparse", "dense"] if args.skip_blocked else ["sparse", "blocked", "dense"]
+    if args.flex:
+        kinds.insert(-1, "flex")
+    print(f"{'seq':>6} {'density':>8} {'target':>7} {'path':>8} {'time s':>7} {'first s':>8} "
+          f"{'ratio':>6} {'peak MiB':>9}")
     for seq in args.seqs:
-        sparse = measure("sparse", seq, args.repeats, args.attention)
-        dense = measure("dense", seq, args.repeats, args.attention)
-        if "error" in sparse or "error" in dense:
-            print(f"{seq:>6} failed: {sparse.get('error') or dense.get('error')}")
-            continue
-        ratio = sparse["time_s"] / dense["time_s"]
-        target = 2 * sparse["density"] + 0.1
-        print(f"{seq:>6} {sparse['density']:>8.3f} {sparse['time_s']:>9.3f} {dense['time_s']:>8.3f} "
-              f"{ratio:>6.2f} {target:>7.2f} {sparse['peak_extra_mib']:>11.0f} "
-              f"{dense['peak_extra_mib']:>10.0f}   nnz blocks {sparse['nnz_blocks']}")
+        res = {kind: measure(kind, seq, args.repeats, args.attention) for kind in kinds}
+        dense = res["dense"]
+        for kind in kinds:
+            r = res[kind]
+            if "error" in r or "error" in dense:
+                print(f"{seq:>6} {kind} failed: {r.get('error') or dense.get('error')}")
+                continue
+            target = 2 * r["density"] + 0.1
+            print(f"{seq:>6} {r['density']:>8.3f} {target:>7.2f} {kind:>8} {r['time_s']:>7.3f} "
+                  f"{r['first_s']:>8.3f} {r['time_s'] / dense['time_s']:>6.2f} "
+                  f"{r['peak_extra_mib']:>9.0f}   nnz blocks {r['nnz_blocks']}")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def test_bad_inputs():
     with pytest.raises(NotImplementedError, match="allowed: add, mul"):
         Softmax(layout, 16)(torch.randn(1, int(layout.sum()), 16, 16),
                             key_padding_mask=torch.ones(1, 64), key_padding_mask_mode="or")
-    with pytest.raises(ValueError, match="allowed: auto, torch, triton"):
+    with pytest.raises(ValueError, match="allowed: auto, torch, blocked, triton"):
         Softmax(layout, 16, backend="cuda")
 
 
