@@ -1,8 +1,6 @@
 """Hugging Face BERT / RoBERTa (the pinned transformers, built from configs) with sparse
 self-attention: the conversion keeps the function for the dense pattern, pads and unpads
-inputs, extends position embeddings, and a converted model trains (forward, backward, step).
-The 2-rank engine run is in ``test_engine.py`` on a transformers-free model: importing
-transformers in every rank cost ~95 s of the suite."""
+inputs, extends position embeddings, and trains with the engine on 2 CPU ranks."""
 import pytest
 import torch
 
@@ -11,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 from deepspeed.sparse_attention import (DenseSparsityConfig, FixedSparsityConfig,  # noqa: E402
                                         SparseAttentionUtils)
 from deepspeed.sparse_attention.bert_sparse_self_attention import HFSparseSelfAttention  # noqa: E402
+from deepspeed.testing.distributed import run_distributed  # noqa: E402
 
 U = SparseAttentionUtils
 
@@ -117,27 +116,47 @@ def test_fixed_pattern_bert_equals_dense_bert_under_the_layout_mask():
     torch.testing.assert_close(out, want.permute(0, 2, 1, 3).reshape(2, 32, 32), atol=1e-5, rtol=1e-5)
 
 
-def test_converted_bert_trains():
-    """BigBird (random blocks, a layout per head) in a converted BERT: padded inputs through
-    forward, backward and optimizer steps, and the loss goes down."""
+def _train_sparse_bert(steps):
+    import deepspeed
+    import deepspeed.comm as dist
+    from deepspeed.sparse_attention import SparseAttentionUtils as U
     from deepspeed.sparse_attention import get_sparse_attention_config
 
-    config = {"sparse_attention": {"mode": "bigbird", "block": 16, "num_random_blocks": 1,
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10 ** 6,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+              "sparse_attention": {"mode": "bigbird", "block": 16, "num_random_blocks": 1,
                                    "different_layout_per_head": True}}
     model = tiny_bert(seed=0)
+    # BigBird's random blocks differ per rank until the modules synchronise them
+    torch.manual_seed(100 + dist.get_rank() if dist.is_initialized() else 100)
+    import random
+    random.seed(dist.get_rank() if dist.is_initialized() else 0)
     U.replace_model_self_attention_with_sparse_self_attention(
         model, 64, get_sparse_attention_config(config, model.config.num_attention_heads))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids, mask = _inputs(seed=10, seq=45)
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      model_parameters=model.parameters())
+    assert type(get_sparse_attention_config(engine, 4)).__name__ == "BigBirdSparsityConfig"
+    rank = dist.get_rank()
     losses = []
-    for _ in range(3):
-        pad_len, pids, pmask, _, _, _ = U.pad_to_block_size(16, ids, mask, None, None, None, 1, None)
-        logits = U.unpad_sequence_output(pad_len, model(input_ids=pids, attention_mask=pmask).logits)
+    for step in range(steps):
+        ids, mask = _inputs(seed=10 * step + rank, seq=45)
+        pad_len, ids, mask, _, _, _ = U.pad_to_block_size(16, ids, mask, None, None, None, 1, None)
+        logits = engine(input_ids=ids, attention_mask=mask).logits
+        logits = U.unpad_sequence_output(pad_len, logits)
         assert logits.shape == (2, 45, 50)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), ids.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), ids[:, :45].reshape(-1))
+        engine.backward(loss)
+        engine.step()
         losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    layout = engine.module.bert.encoder.layer[0].attention.self.sparse_self_attention.master_layout
+    weight = engine.module.bert.encoder.layer[0].attention.self.query.weight.detach()
+    return losses, layout.tolist(), weight.sum().item(), engine.module.bert.encoder.layer[0].attention.self.query.weight.grad is None
+
+
+def test_sparse_bert_trains_with_the_engine_on_two_ranks():
+    results = run_distributed(_train_sparse_bert, world_size=2, args=(3,), timeout=240)
+    (losses0, layout0, w0, _), (losses1, layout1, w1, _) = results
+    assert layout0 == layout1, "the random layout is synchronised from rank 0"
+    assert w0 == pytest.approx(w1, rel=1e-6), "replicas stay identical after reduced steps"
+    assert losses0[-1] < losses0[0] and losses1[-1] < losses1[0]

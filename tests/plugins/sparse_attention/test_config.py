@@ -1,9 +1,12 @@
 """The ``sparse_attention`` section builds the pattern of its mode; bad sections fail at
 ``deepspeed.initialize`` naming the key; ds_report shows the op's status with a reason."""
+import re
+
 import pytest
 import torch
 
 import deepspeed
+from deepspeed.testing.distributed import run_distributed
 from deepspeed.sparse_attention import (BigBirdSparsityConfig, BSLongformerSparsityConfig,
                                         DenseSparsityConfig, FixedSparsityConfig,
                                         VariableSparsityConfig, get_sparse_attention_config)
@@ -54,22 +57,35 @@ def _config(section):
             "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "sparse_attention": section}
 
 
-def test_engine_answers_the_model_and_refuses_bad_sections():
+def _engine_answers_and_refusals():
+    """In a worker: ``initialize`` brings up the distributed backend, which must not stay up
+    in the pytest process."""
     model = torch.nn.Linear(4, 4)
     engine, *_ = deepspeed.initialize(model=model, config=_config({"mode": "bslongformer"}),
                                       model_parameters=model.parameters())
-    assert engine.config.section("sparse_attention").mode == "bslongformer"
-    assert isinstance(get_sparse_attention_config(engine, 4), BSLongformerSparsityConfig)
-    with pytest.raises(Exception, match="sparse_attention.*mode"):
-        deepspeed.initialize(model=model, config=_config({"mode": "strided"}),
-                             model_parameters=model.parameters())
-    with pytest.raises(Exception, match="num_local_blocks|nmu_local_blocks"):
-        deepspeed.initialize(model=model, config=_config({"nmu_local_blocks": 4}),
-                             model_parameters=model.parameters())
-    with pytest.raises(ValueError, match="horizontal_global_attention"):
-        deepspeed.initialize(model=model, config=_config({"attention": "unidirectional",
-                                                          "horizontal_global_attention": True}),
-                             model_parameters=model.parameters())
+    answers = [engine.config.section("sparse_attention").mode,
+               type(get_sparse_attention_config(engine, 4)).__name__]
+    for section in ({"mode": "strided"}, {"nmu_local_blocks": 4},
+                    {"attention": "unidirectional", "horizontal_global_attention": True}):
+        try:
+            deepspeed.initialize(model=model, config=_config(section),
+                                 model_parameters=model.parameters())
+        except Exception as err:  # the test asserts on each type and message
+            answers.append((type(err).__name__, str(err)))
+        else:
+            answers.append(None)
+    return answers
+
+
+def test_engine_answers_the_model_and_refuses_bad_sections():
+    mode, cls, strided, misspelt, horizontal = run_distributed(_engine_answers_and_refusals,
+                                                               world_size=1)[0]
+    assert (mode, cls) == ("bslongformer", BSLongformerSparsityConfig.__name__)
+    assert strided is not None and re.search("sparse_attention.*mode", strided[1]), strided
+    assert misspelt is not None and re.search("num_local_blocks|nmu_local_blocks",
+                                              misspelt[1]), misspelt
+    assert horizontal is not None and horizontal[0] == "ValueError" \
+        and "horizontal_global_attention" in horizontal[1], horizontal
 
 
 def test_ds_report_shows_the_op_and_why():
