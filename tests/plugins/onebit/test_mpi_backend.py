@@ -2,6 +2,7 @@
 ``deepspeed[1bit]`` extra (mpi4py + MPICH) is installed; skipped with the install hint otherwise."""
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -29,6 +30,9 @@ def test_mpi_backend_under_mpirun():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
+    with socket.socket() as probe:  # not the default 29500: another job on the host may hold it
+        probe.bind(("127.0.0.1", 0))
+        env["MASTER_PORT"] = str(probe.getsockname()[1])
     proc = subprocess.run([mpirun, "-np", "2", sys.executable, os.path.join(HERE, "mpi_checks.py")],
                           env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
