@@ -123,6 +123,22 @@ def test_packing_round_trip_and_numpy_layout():
         pack_signs(torch.randn(7))
 
 
+def test_torch_kernels_match_numpy_bytes():
+    """The pure-torch kernels (used off the CPU without cupy) give numpy's bytes and signs."""
+    import numpy as np
+
+    from deepspeed.onebit.packing import pack_bits_torch, unpack_signs, unpack_signs_torch
+
+    x = torch.randn(4096)
+    x[::7] = 0.0
+    packed = pack_bits_torch(x >= 0)
+    assert torch.equal(packed, torch.from_numpy(np.packbits((x >= 0).numpy())))
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    assert torch.equal(unpack_signs_torch(every_byte), unpack_signs(every_byte))
+    assert torch.equal(unpack_signs_torch(packed, torch.float64),
+                       torch.where(x >= 0, 1.0, -1.0).double())
+
+
 def test_padding_rule_documented_divider():
     from deepspeed.onebit.compressed import divider, padded_size
 
