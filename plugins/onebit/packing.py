@@ -42,19 +42,20 @@ def _cupy():
 
 
 def pack_signs(x):
-    """``x`` (a float tensor whose last dimension is a multiple of 8) -> uint8 tensor with the last
-    dimension divided by 8, bit ``7 - i % 8`` of byte ``i // 8`` set when ``x[..., i] >= 0``."""
+    """``x`` (a float tensor whose last dimension is a multiple of 8, or a bool tensor of the signs
+    already compared) -> uint8 tensor with the last dimension divided by 8, bit ``7 - i % 8`` of
+    byte ``i // 8`` set when ``x[..., i] >= 0``."""
     if x.shape[-1] % 8:
         raise ValueError(f"pack_signs needs the last dimension to be a multiple of 8, got "
                          f"shape {tuple(x.shape)}")
     if x.is_cuda:
         cupy = _cupy()
         if cupy is not None:
-            bits = cupy.from_dlpack((x >= 0).contiguous())
+            bits = cupy.from_dlpack((x if x.dtype == torch.bool else x >= 0).contiguous())
             packed = cupy.packbits(bits.reshape(-1))
             return torch.from_dlpack(packed).view(*x.shape[:-1], x.shape[-1] // 8)
     shape = (*x.shape[:-1], x.shape[-1] // 8)
-    bits = (x >= 0).contiguous()
+    bits = (x if x.dtype == torch.bool else x >= 0).contiguous()
     if bits.device.type == "cpu":
         return torch.from_numpy(numpy.packbits(bits.numpy().reshape(-1))).view(shape)
     return pack_bits_torch(bits).view(shape)
