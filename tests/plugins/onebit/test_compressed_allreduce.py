@@ -145,3 +145,35 @@ def test_padding_rule_documented_divider():
     assert [divider(p) for p in (1, 2, 3, 4, 8, 16)] == [8, 8, 24, 8, 8, 16]
     assert padded_size(15, 2) == 16 and padded_size(17, 2) == 32
     assert padded_size(1, 3) == 72 and padded_size(73, 3) == 144
+
+
+def _upstream_backends():
+    from deepspeed import comm as dist
+    from deepspeed.onebit.compressed import CompressedAllreduce, padded_size
+    from deepspeed.onebit.transports import make_transport
+    from deepspeed.runtime.comm.compressed import CompressedBackend
+    from deepspeed.runtime.comm.nccl import NcclBackend
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ours = CompressedAllreduce(make_transport("compressed"), [torch.Size([100])], "cpu")
+    results = []
+    for backend in (NcclBackend(), CompressedBackend()):
+        n = padded_size(100, world)
+        worker_error, server_error = torch.zeros(n), torch.zeros(n // world)
+        for step in range(3):
+            x = torch.randn(100, generator=torch.Generator().manual_seed(10 * rank + step))
+            buffer = x.clone()
+            backend.compressed_allreduce(buffer, worker_error, server_error, 0)
+            if len(results) < 3:
+                (want,) = ours([x])
+                results.append(torch.equal(buffer, want))
+        results.append(worker_error.abs().sum() > 0 and server_error.abs().sum() > 0)
+    return results
+
+
+def test_upstream_backend_classes_import_and_reduce():
+    import deepspeed.runtime.comm.mpi as mpi
+
+    assert hasattr(mpi, "MpiBackend")
+    for results in run_distributed(_upstream_backends, world_size=2):
+        assert all(results), results
