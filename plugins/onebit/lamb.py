@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from deepspeed.onebit.base import OneBitOptimizer, check_positive_int
+from deepspeed.onebit.base import MASK_KEY, OneBitOptimizer, check_positive_int
 from deepspeed.ops.lamb.functional import lamb_update_
 
 
@@ -111,7 +111,11 @@ class OnebitLamb(OneBitOptimizer):
     def _factor(self, state, group, update, param):
         fresh = _denom(state["exp_avg_sq_fresh"], group["eps"], self.eps_inside_sqrt)
         frozen = _denom(state["exp_avg_sq"], group["eps"], self.eps_inside_sqrt)
-        factor = float((frozen / fresh).max())
+        ratio = frozen / fresh
+        mask = group.get(MASK_KEY)
+        if mask is not None:  # masked entries never move: their fresh variance only decays
+            ratio = ratio * mask.to(ratio.dtype)
+        factor = float(ratio.max())
         if group["weight_decay"]:
             with_decay = float((update + group["weight_decay"] * param).norm())
             ratio = float(update.norm()) / with_decay if with_decay > 0 else 1.0

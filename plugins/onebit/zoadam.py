@@ -11,11 +11,20 @@ After ``var_freeze_step`` (``v`` frozen for good; the error buffers are reset on
 
 - every step is local: each rank moves ``m`` with its own gradient and applies the Adam update
   to its own copy of the parameters, with no communication at all;
-- at the synchronisation steps the ranks average what they moved since the last
-  synchronisation (``sync_base - p``, the lr-scaled updates) with the 1-bit all-reduce, set
-  ``p = sync_base - average`` (identical on every rank) and rebuild ``m`` from that average:
-  ``m = (average / sum(lr) - wd * sync_base) * denom * (1 - beta1^t)`` (the weight-decay term is
-  taken at ``sync_base``, an approximation over one interval).
+- each rank also accumulates its momentum, lr-scaled: ``u += lr_t * m`` (``lr_t`` includes the
+  bias correction ``1 / (1 - beta1^t)``), and ``sum(lr_t)``;
+- at the synchronisation steps the ranks average ``u`` with the 1-bit all-reduce (the paper's
+  algorithm: the *momentum* is what is compressed, not the preconditioned update), set
+  ``p = sync_base * prod(1 - lr * wd) - average / denom`` (the same bits on every rank: the
+  decoupled weight decay of the local steps is applied to ``sync_base``, an approximation over one
+  interval) and ``m = average / sum(lr_t)``.
+
+  Why not compress the update ``sync_base - p`` directly: an entry whose gradient is always 0
+  (a key bias in attention, a dead input) has ``v ~ 0`` but picks up 1-bit noise in ``m`` during
+  the compressed warm-up, so its update ``m / (sqrt(v) + eps)`` is ~1e4 times the others'. It is
+  harmless there (the loss does not depend on it), but compressed with one scale per tensor it
+  swamps the tensor's other entries and the model diverges after ``var_freeze_step``. Momenta
+  have comparable sizes, so compressing them keeps the scales meaningful.
 
 A checkpoint load resets the error buffers and the local-step buffers (``sync_base`` restarts
 at the loaded parameters), as the tutorial says.
@@ -103,36 +112,46 @@ class ZeroOneAdam(OneBitOptimizer):
 
     def _local_phase(self, step, params, states, groups):
         if step == self.var_freeze_step + 1:
-            self.reset_errors()  # they held gradient errors; from now on they hold updates'
+            self.reset_errors()  # they held gradient errors; from now on they hold momenta's
         for param, state, group in zip(params, states, groups):
             if "sync_base" not in state:
-                state["sync_base"] = param.detach().float().clone()
-                state["lr_sum"] = 0.0
-            beta1 = group["betas"][0]
+                self._new_interval(state, param)
+            beta1, lr, wd = group["betas"][0], group["lr"], group["weight_decay"]
             state["exp_avg"].lerp_(self.grad_of(param), 1.0 - beta1)
-            adam_apply_(param, state["exp_avg"], self._denom(state, group), step, group["lr"],
-                        beta1, group["weight_decay"], group["bias_correction"])
-            state["lr_sum"] += group["lr"]
+            adam_apply_(param, state["exp_avg"], self._denom(state, group), step, lr,
+                        beta1, wd, group["bias_correction"])
+            scaled_lr = lr / (1.0 - beta1 ** step) if group["bias_correction"] else lr
+            state["momentum_accumulator"].add_(state["exp_avg"], alpha=scaled_lr)
+            state["lr_sum"] += scaled_lr
+            state["decay"] *= 1.0 - lr * wd
         if not self.sync_schedule.is_sync(step):
             return
-        moved = [s["sync_base"] - p.detach().float() for p, s in zip(params, states)]
-        averaged = self.compressed_average(moved)
+        averaged = self.compressed_average([s["momentum_accumulator"] for s in states])
         for param, state, group, avg in zip(params, states, groups, averaged):
             base = state["sync_base"]
-            param.copy_(base - avg)
+            # the local steps' decay and the averaged (un-preconditioned) momentum sum, applied
+            # to the common starting point: the same bits on every rank
+            param.copy_(torch.addcdiv(base * state["decay"], avg, self._denom(state, group),
+                                      value=-1.0))
             if state["lr_sum"] > 0:
-                momentum = (avg / state["lr_sum"]).sub_(base, alpha=group["weight_decay"])
-                momentum.mul_(self._denom(state, group))
-                if group["bias_correction"]:
-                    momentum.mul_(1.0 - group["betas"][0] ** step)
-                state["exp_avg"].copy_(momentum)
+                state["exp_avg"].copy_(avg).div_(state["lr_sum"])
             self.apply_mask(group, state["exp_avg"], param)
-            base.copy_(param)
-            state["lr_sum"] = 0.0
+            self._new_interval(state, param)
+
+    @staticmethod
+    def _new_interval(state, param):
+        """Start a synchronisation interval at ``param``: nothing accumulated yet."""
+        if "sync_base" in state:
+            state["sync_base"].copy_(param.detach())
+            state["momentum_accumulator"].zero_()
+        else:
+            state["sync_base"] = param.detach().float().clone()
+            state["momentum_accumulator"] = torch.zeros_like(state["sync_base"])
+        state["lr_sum"] = 0.0
+        state["decay"] = 1.0
 
     def _reset_local_buffers(self):
         for param in self.params_in_order():
             state = self.state.get(param, {})
             if "sync_base" in state:
-                state["sync_base"].copy_(param.detach())
-                state["lr_sum"] = 0.0
+                self._new_interval(state, param)

@@ -123,9 +123,57 @@ def test_packing_round_trip_and_numpy_layout():
         pack_signs(torch.randn(7))
 
 
+def test_torch_kernels_match_numpy_bytes():
+    """The pure-torch kernels (used off the CPU without cupy) give numpy's bytes and signs."""
+    import numpy as np
+
+    from deepspeed.onebit.packing import pack_bits_torch, unpack_signs, unpack_signs_torch
+
+    x = torch.randn(4096)
+    x[::7] = 0.0
+    packed = pack_bits_torch(x >= 0)
+    assert torch.equal(packed, torch.from_numpy(np.packbits((x >= 0).numpy())))
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    assert torch.equal(unpack_signs_torch(every_byte), unpack_signs(every_byte))
+    assert torch.equal(unpack_signs_torch(packed, torch.float64),
+                       torch.where(x >= 0, 1.0, -1.0).double())
+
+
 def test_padding_rule_documented_divider():
     from deepspeed.onebit.compressed import divider, padded_size
 
     assert [divider(p) for p in (1, 2, 3, 4, 8, 16)] == [8, 8, 24, 8, 8, 16]
     assert padded_size(15, 2) == 16 and padded_size(17, 2) == 32
     assert padded_size(1, 3) == 72 and padded_size(73, 3) == 144
+
+
+def _upstream_backends():
+    from deepspeed import comm as dist
+    from deepspeed.onebit.compressed import CompressedAllreduce, padded_size
+    from deepspeed.onebit.transports import make_transport
+    from deepspeed.runtime.comm.compressed import CompressedBackend
+    from deepspeed.runtime.comm.nccl import NcclBackend
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ours = CompressedAllreduce(make_transport("compressed"), [torch.Size([100])], "cpu")
+    results = []
+    for backend in (NcclBackend(), CompressedBackend()):
+        n = padded_size(100, world)
+        worker_error, server_error = torch.zeros(n), torch.zeros(n // world)
+        for step in range(3):
+            x = torch.randn(100, generator=torch.Generator().manual_seed(10 * rank + step))
+            buffer = x.clone()
+            backend.compressed_allreduce(buffer, worker_error, server_error, 0)
+            if len(results) < 3:
+                (want,) = ours([x])
+                results.append(torch.equal(buffer, want))
+        results.append(worker_error.abs().sum() > 0 and server_error.abs().sum() > 0)
+    return results
+
+
+def test_upstream_backend_classes_import_and_reduce():
+    import deepspeed.runtime.comm.mpi as mpi
+
+    assert hasattr(mpi, "MpiBackend")
+    for results in run_distributed(_upstream_backends, world_size=2):
+        assert all(results), results

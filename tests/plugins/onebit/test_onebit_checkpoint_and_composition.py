@@ -49,7 +49,7 @@ def _checkpoint(opt_type, save_dir):
         "errors_after": float(loaded.compressor.worker_error.abs().sum()
                               + loaded.compressor.server_error.abs().sum()),
         "state_equal": all(torch.equal(v, restored[k]) for k, v in saved_state.items()
-                           if k != "sync_base"),
+                           if k not in ("sync_base", "momentum_accumulator")),
         "step": (saved_step, loaded.step_count),
         "mask_in_saved": any("exp_avg_mask" in g for g in saved_dict["param_groups"]),
         "mask_after_load": any("exp_avg_mask" in g for g in loaded.param_groups),

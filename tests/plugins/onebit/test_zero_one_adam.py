@@ -5,7 +5,8 @@ import torch
 
 from deepspeed.testing.distributed import run_distributed
 
-from onebit_training import config, data, engine, eval_loss, identical_on_all_ranks, masters, train
+from onebit_training import (MICRO, config, data, engine, eval_loss, identical_on_all_ranks,
+                              masters, train)
 
 VAR_FREEZE, KAPPA, ALPHA, CLIPPER, STEPS = 12, 2, 2, 4, 32
 
@@ -109,3 +110,36 @@ def _bad_policy(key):
     except ValueError as exc:
         return str(exc)
     return ""
+
+
+def _dead_input_regression():
+    """Linear regression whose first input feature is always 0: that weight column never gets a
+    gradient (``v`` stays 0) but its momentum picks up 1-bit noise during the compressed warm-up,
+    as a key bias or an unused token embedding does in a real model."""
+    from deepspeed import comm as dist
+
+    freeze, steps = 10, 40
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(steps * MICRO * dist.get_world_size(), 8, generator=gen)
+    x[:, 0] = 0.0
+    y = x @ torch.randn(8, 4, generator=gen) + 0.01 * torch.randn(len(x), 4, generator=gen)
+    torch.manual_seed(0)
+    eng = engine(config("ZeroOneAdam", lr=3e-2, var_freeze_step=freeze, var_update_scaler=2,
+                        local_step_scaler=2, local_step_clipper=4), net=torch.nn.Linear(8, 4))
+    schedule = eng.basic_optimizer.sync_schedule
+    losses, agree = {}, {}
+
+    def on_step(step, e):
+        if step == freeze or step == steps:
+            losses[step] = eval_loss(e, x, y)
+        if step > freeze and schedule.is_sync(step):
+            agree[step] = identical_on_all_ranks(list(e.module.parameters()))
+
+    train(eng, steps, x, y, on_step=on_step)
+    return losses[freeze], losses[steps], agree
+
+
+def test_local_steps_keep_converging_after_the_freeze():
+    for at_freeze, final, agree in run_distributed(_dead_input_regression, world_size=2):
+        assert final < 0.5 * at_freeze, (at_freeze, final)
+        assert len(agree) >= 8 and all(agree.values()), agree
