@@ -19,7 +19,7 @@ DenseRatio = Field(0.5, gt=0, le=1, description="fraction of weights kept, in (0
 
 def _check_bits(value, key):
     if not (1 <= value <= 8 or value == 16):
-        raise ValueError(f"{key} must be 1..8 (or 16: not quantized), got {value}")
+        raise ValueError(f"{key} must be 1..8, or 16 for not quantized")
     return value
 
 
@@ -61,7 +61,7 @@ class WeightQuantParams(DeepSpeedConfigModel):
     @field_validator("start_bits", "target_bits")
     @classmethod
     def _bits(cls, value, info):
-        return _check_bits(value, f"weight_quantization params.{info.field_name}")
+        return _check_bits(value, info.field_name)
 
     @model_validator(mode="after")
     def _order(self):
@@ -105,7 +105,7 @@ class ActQuantParams(DeepSpeedConfigModel):
     @field_validator("bits")
     @classmethod
     def _bits(cls, value):
-        return _check_bits(value, "activation_quantization params.bits")
+        return _check_bits(value, "bits")
 
 
 class ActQuantGroup(_Group):
@@ -168,8 +168,8 @@ class HeadPruningShared(DeepSpeedConfigModel):
     @model_validator(mode="after")
     def _heads(self):
         if self.enabled and self.num_heads is None:
-            raise ValueError("head_pruning.shared_parameters.num_heads is required when head "
-                             "pruning is enabled (the attention's number of heads)")
+            raise ValueError("num_heads is required when head pruning is enabled (the "
+                             "attention's number of heads)")
         return self
 
 
