@@ -121,3 +121,21 @@ def test_layer_reduction_errors_name_the_key():
     with pytest.raises(ValueError, match="teacher_layer names layer 9"):
         init_compression(student, {"compression_training": {"layer_reduction": {
             **LR, "teacher_layer": [0, 9]}}}, teacher_model=tiny_bert(layers=4))
+
+
+def test_int8_packing_round_trips_a_cleaned_model_exactly(tmp_path):
+    from deepspeed.compression.export import pack_int8, unpack_int8
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    cfg = section(weight_quantization=({"quantize_weight_in_forward": True, "quantize_groups": 4},
+                                       {"wq1": group(["0", "2"], start_bits=8, target_bits=8)}))
+    init_compression(model, cfg)
+    redundancy_clean(model, cfg)
+    packed = pack_int8(model.state_dict(), num_groups=4)
+    assert packed["0.weight.int8_levels"].dtype == torch.int8 and "0.bias" in packed
+    torch.save(packed, tmp_path / "int8.pt")
+    torch.save(model.state_dict(), tmp_path / "fp32.pt")
+    assert (tmp_path / "int8.pt").stat().st_size < (tmp_path / "fp32.pt").stat().st_size
+    restored = unpack_int8(torch.load(tmp_path / "int8.pt", weights_only=True))
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(restored[name], tensor, atol=0, rtol=1e-6)
