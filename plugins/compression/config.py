@@ -81,8 +81,13 @@ class FP16MixedQuantizeConfig(DeepSpeedConfigModel):
 
 
 class WeightQuantShared(DeepSpeedConfigModel):
-    without_effect = {"quantizer_kernel": "there is no CUDA quantizer kernel here; the torch "
-                                          "quantizer runs on every device"}
+    without_effect = {
+        "quantizer_kernel": "there is no CUDA quantizer kernel here; the torch quantizer runs on "
+                            "every device",
+        "fp16_mixed_quantize.enabled": "the compression library quantizes the weights fully; "
+                                       "the fp16/quantized blend is implemented for "
+                                       "quantize_training (MoQ) only",
+    }
     enabled: bool = False
     quantizer_kernel: bool = False
     schedule_offset: int = Field(0, ge=0)
