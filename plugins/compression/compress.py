@@ -15,7 +15,7 @@ from deepspeed.utils.logging import logger
 
 from .basic_layer import SUPPORTED, CompressionState, compress_class_for
 from .config import TECHNIQUES, CompressionTrainingConfig
-from .layer_reduction import student_initialization
+from .layer_reduction import student_initialization as _student_initialization
 from .matching import get_module, match_modules, related_for, set_module
 from .scheduler import apply_step, compressed_layers
 
@@ -78,7 +78,7 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
             raise ValueError("compression_training.layer_reduction is enabled, which initialises "
                              "the student from a teacher: pass init_compression(..., "
                              "teacher_model=<the full model>)")
-        student_initialization(model, teacher_model, config.layer_reduction)
+        _student_initialization(model, teacher_model, config.layer_reduction)
     for technique in TECHNIQUES:
         section = getattr(config, technique)
         shared = section.shared_parameters
@@ -108,6 +108,13 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
         apply_step(layer, 0)
     logger.info(f"init_compression: {len(compressed_layers(model))} compression-aware layers")
     return model
+
+
+def student_initialization(student_model, teacher_model, deepspeed_config):
+    """DeepSpeed's standalone layer-reduction initialiser: copy the ``teacher_layer`` layers and
+    ``other_module_name`` modules of ``teacher_model`` into ``student_model``."""
+    config = compression_config(deepspeed_config).layer_reduction
+    return _student_initialization(student_model, teacher_model, config)
 
 
 def _related_accept(module):

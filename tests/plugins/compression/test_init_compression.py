@@ -184,3 +184,12 @@ def test_head_pruning_needs_divisible_heads():
     with pytest.raises(ValueError, match="num_heads=3"):
         init_compression(model, section(head_pruning=(
             {"num_heads": 3}, {"hp1": group(["attention.output.dense"], dense_ratio=0.5)})))
+
+
+def test_excluded_modules_are_not_pruned():
+    model = tiny_bert()
+    init_compression(model, section(sparse_pruning=(
+        {"method": "l1", "excluded_modules": ["layer.1"]},
+        {"sp1": group(["attention.self"], dense_ratio=0.5)})))
+    assert isinstance(model.bert.encoder.layer[0].attention.self.query, LinearLayer_Compress)
+    assert type(model.bert.encoder.layer[1].attention.self.query) is torch.nn.Linear

@@ -139,3 +139,13 @@ def test_int8_packing_round_trips_a_cleaned_model_exactly(tmp_path):
     restored = unpack_int8(torch.load(tmp_path / "int8.pt", weights_only=True))
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(restored[name], tensor, atol=0, rtol=1e-6)
+
+
+def test_standalone_student_initialization_matches_init_compression():
+    from deepspeed.compression.compress import student_initialization
+
+    teacher = tiny_bert(layers=4, seed=1)
+    student = student_initialization(tiny_bert(layers=2, seed=2), teacher,
+                                     {"compression_training": {"layer_reduction": LR}})
+    assert torch.equal(student.bert.encoder.layer[1].output.dense.weight,
+                       teacher.bert.encoder.layer[3].output.dense.weight)
