@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from . import masks as M
+from . import snip
 from .quantizers import quantize, quantize_activation, quantize_tensor
 
 #: technique -> which layer types may carry it
@@ -49,6 +50,8 @@ class CompressionState:
                 self.sparse_mask_scores = torch.nn.Parameter(weight.detach().abs().clone())
             else:
                 self.register_buffer("sparse_pruning_mask", torch.ones_like(weight))
+            if method == "snip_momentum":
+                self.register_buffer("snip_scores", torch.zeros_like(weight))
         elif technique in ("row_pruning", "channel_pruning"):
             scores = M.row_scores(weight)
             if method == "topk":
@@ -70,6 +73,8 @@ class CompressionState:
             if technique not in self.active:
                 self.active.add(technique)
                 self._enable(technique, cfg)
+            if technique == "sparse_pruning" and cfg["method"] == "snip_momentum":
+                self._snip_prune(step, cfg)
             if technique == "weight_quantization":
                 done = (step - cfg["schedule_offset"]) // cfg["quantization_period"]
                 self.weight_bits = max(cfg["target_bits"], cfg["start_bits"] - done)
@@ -81,6 +86,8 @@ class CompressionState:
             if technique == "sparse_pruning":
                 if hasattr(self, "sparse_mask_scores"):
                     self.sparse_mask_scores.copy_(weight.abs())
+                elif cfg["method"] == "snip_momentum":
+                    pass  # its mask comes from the scores training gathers (_snip_prune)
                 else:
                     self.sparse_pruning_mask.copy_(M.topk_mask(weight.abs(), cfg["dense_ratio"]))
             elif technique in ("row_pruning", "channel_pruning"):
@@ -91,6 +98,28 @@ class CompressionState:
                                                             cfg["dense_ratio"]))
             elif technique == "head_pruning":
                 self.head_mask_scores.copy_(M.head_scores(weight, cfg["num_heads"]))
+
+    @torch.no_grad()
+    def _snip_prune(self, step, cfg):
+        ratio = snip.target_ratio(step, cfg)
+        if ratio is None or not self.snip_scores.any():
+            return
+        self.sparse_pruning_mask.copy_(snip.block_mask(self.snip_scores, cfg["block_pattern"],
+                                                       ratio, type(self).__name__))
+
+    def _gather_snip_scores(self, effective_weight):
+        """On training forwards, fold ``|w · grad|`` into the momentum scores when autograd
+        reaches the weight this forward computed with."""
+        if not (self.training and effective_weight.requires_grad
+                and "sparse_pruning" in self.active and hasattr(self, "snip_scores")):
+            return
+        weight = self.weight.detach()
+
+        def update(grad):
+            with torch.no_grad():
+                self.snip_scores.mul_(snip.SCORE_MOMENTUM).add_(
+                    (1 - snip.SCORE_MOMENTUM) * (weight * grad).abs())
+        effective_weight.register_hook(update)
 
     # ------------------------------------------------------------------ masks
     def row_mask(self):
@@ -122,6 +151,7 @@ class CompressionState:
         sparse = self.sparse_mask()
         if sparse is not None:
             weight = weight * sparse
+            self._gather_snip_scores(weight)
         rows = self.row_mask()
         if rows is not None:
             weight = weight * rows.reshape(-1, *([1] * (weight.dim() - 1)))

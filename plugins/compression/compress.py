@@ -14,12 +14,13 @@ from deepspeed.config.validation import validate_config
 from deepspeed.utils.logging import logger
 
 from .basic_layer import SUPPORTED, CompressionState, compress_class_for
-from .config import TECHNIQUES, CompressionTrainingConfig
+from .config import TECHNIQUES, CompressionTrainingConfig, DenseRatioParams, PruneGroup
 from .layer_reduction import student_initialization as _student_initialization
 from .matching import get_module, match_modules, related_for, set_module
 from .scheduler import apply_step, compressed_layers
 
 SECTION = "compression_training"
+SNIP_DEFAULT_GROUP = PruneGroup(modules=["*"])
 
 
 def compression_config(deepspeed_config):
@@ -52,6 +53,11 @@ def _settings(technique, shared, params):
     elif technique == "activation_quantization":
         settings.update(bits=params.bits, quantization_type=shared.quantization_type,
                         range_calibration=shared.range_calibration)
+    elif technique == "sparse_pruning" and shared.method == "snip_momentum":
+        settings.update(method=shared.method, dense_ratio=shared.dense_ratio,
+                        block_pattern=shared.block_pattern,
+                        schedule_offset_end=shared.schedule_offset_end,
+                        stride=shared.schedule_offset_stride)
     else:
         settings.update(method=shared.method, dense_ratio=params.dense_ratio)
         if technique == "head_pruning":
@@ -84,11 +90,11 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
         shared = section.shared_parameters
         if not shared.enabled:
             continue
-        if technique == "sparse_pruning" and shared.method == "snip_momentum":
-            raise NotImplementedError("compression_training.sparse_pruning.shared_parameters."
-                                      "method 'snip_momentum' is not implemented here (upstream "
-                                      "uses Intel neural_compressor); use 'l1' or 'topk'")
         groups = section.different_groups
+        if technique == "sparse_pruning" and shared.method == "snip_momentum" and not groups:
+            # documented: snip_momentum needs no groups; the global dense_ratio applies to all
+            groups = {"default": SNIP_DEFAULT_GROUP.model_copy(
+                update={"params": DenseRatioParams(dense_ratio=shared.dense_ratio)})}
         if not groups:
             raise ValueError(f"compression_training.{technique} is enabled but "
                              f"different_groups is empty: name at least one group with its "

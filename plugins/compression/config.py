@@ -147,6 +147,13 @@ class SparsePruningShared(DeepSpeedConfigModel):
     dense_ratio: float = Field(0.1, gt=0, le=1)
     excluded_modules: List[str] = Field(default_factory=list)
 
+    @field_validator("block_pattern")
+    @classmethod
+    def _pattern(cls, value):
+        from .snip import check_block_pattern
+        check_block_pattern(value)
+        return value
+
 
 class SparsePruningConfig(DeepSpeedConfigModel):
     shared_parameters: SparsePruningShared = Field(default_factory=SparsePruningShared)

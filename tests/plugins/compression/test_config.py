@@ -72,6 +72,8 @@ def test_keys_without_effect_are_warned(caplog):
     ({"layer_reduction": {"enabled": True, "module_name_prefix": "x", "keep_number_layer": 2,
                           "teacher_layer": [1]}}, "teacher_layer"),
     ({"sparse_pruning": {"shared_parameters": {"method": "magnitude"}}}, "method"),
+    ({"sparse_pruning": {"shared_parameters": {"block_pattern": "4by1"}}}, "block_pattern"),
+    ({"sparse_pruning": {"shared_parameters": {"block_pattern": "4:2"}}}, "block_pattern"),
     ({"weight_quantization": {"shared_parameters": {"quantize_grups": 2}}}, "quantize_grups"),
 ])
 def test_bad_values_fail_naming_the_key(bad, key):
@@ -95,9 +97,3 @@ def test_enabled_technique_without_groups_or_section_is_refused():
         init_compression(tiny_bert(), section(row_pruning=({}, {})))
     with pytest.raises(DeepSpeedConfigError, match="no 'compression_training' section"):
         init_compression(tiny_bert(), {"train_batch_size": 1})
-
-
-def test_snip_momentum_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="snip_momentum"):
-        init_compression(tiny_bert(), section(sparse_pruning=(
-            {"method": "snip_momentum"}, {"sp1": group(["dense"], dense_ratio=0.5)})))
