@@ -148,17 +148,19 @@ class CompressionState:
 
     def masked_weight_and_bias(self):
         weight, bias = self.weight, getattr(self, "bias", None)
+        dtype = weight.dtype  # masks stay in the weight's precision (bf16/fp16 engines)
         sparse = self.sparse_mask()
         if sparse is not None:
-            weight = weight * sparse
+            weight = weight * sparse.to(dtype)
             self._gather_snip_scores(weight)
         rows = self.row_mask()
         if rows is not None:
+            rows = rows.to(dtype)
             weight = weight * rows.reshape(-1, *([1] * (weight.dim() - 1)))
             bias = bias * rows if bias is not None else None
         columns = self.column_mask()
         if columns is not None:
-            weight = weight * columns.reshape(1, -1)
+            weight = weight * columns.to(dtype).reshape(1, -1)
         return weight, bias
 
     def weight_quantizing_in_forward(self):

@@ -77,3 +77,80 @@ def test_engine_advances_the_compression_schedule(dist_pool):
         assert has_scheduler
         assert bits == [None, 8, 8, 7, 7, 6, 6, 6]
         assert zeros[:2] == [0, 0] and all(z == 32 for z in zeros[2:])
+
+
+def _bf16_and_resume(save_dir):
+    import deepspeed
+    from deepspeed.compression.compress import init_compression
+
+    compression = {"compression_training": {
+        "weight_quantization": {
+            "shared_parameters": {"enabled": True, "schedule_offset": 1,
+                                  "quantize_weight_in_forward": True},
+            "different_groups": {"wq1": {"params": {"start_bits": 8, "target_bits": 4,
+                                                    "quantization_period": 1},
+                                         "modules": ["0", "2"]}}},
+        "row_pruning": {
+            "shared_parameters": {"enabled": True, "method": "topk", "schedule_offset": 0},
+            "different_groups": {"rp1": {"params": {"dense_ratio": 0.5}, "modules": ["^0$"],
+                                         "related_modules": [["^2$"]]}}}}}
+    config = {**ENGINE, "bf16": {"enabled": True}, **compression}
+
+    def engine_for():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 4))
+        init_compression(model, config)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config)
+        return engine, model
+
+    engine, model = engine_for()
+    for _ in range(3):
+        x = torch.randn(4, 8, dtype=torch.bfloat16)
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+    saved_bits = model[0].weight_bits
+    out_dtype = engine(torch.randn(4, 8, dtype=torch.bfloat16)).dtype
+    engine.save_checkpoint(save_dir, tag="t")
+    engine.destroy()
+    resumed, fresh_model = engine_for()
+    fresh_bits = fresh_model[0].weight_bits
+    resumed.load_checkpoint(save_dir, tag="t")
+    loaded_bits = fresh_model[0].weight_bits
+    resumed.destroy()
+    return str(out_dtype), saved_bits, fresh_bits, loaded_bits
+
+
+def test_bf16_engine_and_checkpointed_schedule(dist_pool, tmp_path):
+    for dtype, saved, fresh, loaded in dist_pool.run(_bf16_and_resume, args=(str(tmp_path),)):
+        assert dtype == "torch.bfloat16"
+        assert (saved, fresh, loaded) == (6, None, 6)
+
+
+def _forgot_init_compression():
+    import logging
+
+    import deepspeed
+    from deepspeed.utils.logging import logger
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        model = torch.nn.Linear(4, 4)
+        config = {**ENGINE, "compression_training": {"sparse_pruning": {
+            "shared_parameters": {"enabled": True},
+            "different_groups": {"sp1": {"params": {"dense_ratio": 0.5}}}}}}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config)
+        engine.destroy()
+    finally:
+        logger.removeHandler(handler)
+    return [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+
+
+def test_config_without_init_compression_is_warned_about(dist_pool):
+    warnings = dist_pool.run(_forgot_init_compression)[0]
+    assert any("init_compression" in w for w in warnings), warnings
