@@ -74,6 +74,18 @@ def _to_compressed(model, name):
     return new
 
 
+def _pair_related(group, where):
+    """(module pattern, its related patterns): ``related_modules[i]`` belongs to
+    ``modules[i]``; a single list applies to every pattern."""
+    related = group.related_modules or []
+    if len(related) not in (0, 1, len(group.modules)):
+        raise ValueError(f"{where}.related_modules has {len(related)} lists for "
+                         f"{len(group.modules)} module patterns: give one list per pattern "
+                         f"of 'modules' (or a single list for all)")
+    for index, pattern in enumerate(group.modules):
+        yield pattern, (related[index] if len(related) > 1 else related[0] if related else [])
+
+
 def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
     """Prepare ``model`` for compression training as the config's ``compression_training``
     section says; returns the model (changed in place). ``mpu`` is accepted for DeepSpeed's
@@ -102,14 +114,12 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
         excluded = getattr(shared, "excluded_modules", ())
         for group_name, group in groups.items():
             where = f"compression_training.{technique}.different_groups.{group_name}"
-            names = match_modules(model, group.modules, _accept(technique), where, excluded)
             settings = _settings(technique, shared, group.params)
-            for index, name in enumerate(names):
-                related = []
-                if group.related_modules:
-                    patterns = group.related_modules[min(index, len(group.related_modules) - 1)]
-                    related = related_for(model, name, patterns, _related_accept, where)
-                _to_compressed(model, name).add_technique(technique, related=related, **settings)
+            for pattern, related_patterns in _pair_related(group, where):
+                for name in match_modules(model, [pattern], _accept(technique), where, excluded):
+                    related = related_for(model, name, related_patterns, _related_accept, where)
+                    _to_compressed(model, name).add_technique(technique, related=related,
+                                                              **settings)
     for layer in compressed_layers(model):
         apply_step(layer, 0)
     logger.info(f"init_compression: {len(compressed_layers(model))} compression-aware layers")

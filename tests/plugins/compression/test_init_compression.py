@@ -193,3 +193,16 @@ def test_excluded_modules_are_not_pruned():
         {"sp1": group(["attention.self"], dense_ratio=0.5)})))
     assert isinstance(model.bert.encoder.layer[0].attention.self.query, LinearLayer_Compress)
     assert type(model.bert.encoder.layer[1].attention.self.query) is torch.nn.Linear
+
+
+def test_related_modules_pair_with_their_module_pattern():
+    model = TinyCNN()
+    init_compression(model, section(channel_pruning=(
+        {"method": "l1"}, {"cp1": group(["conv1", "conv2"], [["conv2"], ["fc"]],
+                                        dense_ratio=0.5)})))
+    assert model.conv1.plan["channel_pruning"]["related"] == ["conv2"]
+    assert model.conv2.plan["channel_pruning"]["related"] == ["fc"]
+    with pytest.raises(ValueError, match="cp1.related_modules has 2 lists for 3 module"):
+        init_compression(TinyCNN(), section(channel_pruning=(
+            {"method": "l1"}, {"cp1": group(["conv1", "conv2", "conv3"], [["conv2"], ["fc"]],
+                                            dense_ratio=0.5)})))
