@@ -1,6 +1,7 @@
 """The engine drives both sections on 2 gloo ranks: MoQ's bits step down on the documented
 schedule, and the compression schedule advances at every optimizer step. Engines run in the
 rank processes (never in the pytest process)."""
+import pytest
 import torch
 
 ENGINE = {"train_micro_batch_size_per_gpu": 4,
@@ -41,7 +42,7 @@ def test_moq_bits_step_down_on_schedule(dist_pool):
         assert distinct[-1] > 2 ** 3  # not trivially few: 4-bit groups use more than 8 values
 
 
-def _compression_run(steps):
+def _compression_run(steps, zero_stage=0):
     import deepspeed
     from deepspeed.compression.compress import init_compression
 
@@ -59,8 +60,9 @@ def _compression_run(steps):
             "different_groups": {"sp1": {"params": {"dense_ratio": 0.5}, "modules": ["2"]}}}}}
     init_compression(model, compression)
     # the engine's config omits the section: the compressed layers alone enable the plugin
+    config = {**ENGINE, "zero_optimization": {"stage": zero_stage}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=ENGINE)
+                                      config=config)
     bits, zeros = [], []
     for _ in range(steps):
         engine.backward(engine(torch.randn(4, 8)).pow(2).mean())
@@ -72,8 +74,9 @@ def _compression_run(steps):
     return bits, zeros, has_scheduler
 
 
-def test_engine_advances_the_compression_schedule(dist_pool):
-    for bits, zeros, has_scheduler in dist_pool.run(_compression_run, args=(8,)):
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_engine_advances_the_compression_schedule(dist_pool, zero_stage):
+    for bits, zeros, has_scheduler in dist_pool.run(_compression_run, args=(8, zero_stage)):
         assert has_scheduler
         assert bits == [None, 8, 8, 7, 7, 6, 6, 6]
         assert zeros[:2] == [0, 0] and all(z == 32 for z in zeros[2:])
