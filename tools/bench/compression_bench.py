@@ -2,7 +2,7 @@
 (int8 weights, 50% of the FFN rows pruned) against the same BERT dense.
 
     python tools/bench/compression_bench.py [--hidden 256] [--layers 4] [--batch 8] [--seq 128]
-                                            [--repeats 20] [--threads 2]
+                                            [--repeats 20] [--threads 1]
 
 Both models are built from one ``BertConfig`` (transformers, no downloads) with the same
 weights. The compressed one goes through ``init_compression`` (8-bit symmetric weights, groups
@@ -63,7 +63,7 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
