@@ -3,7 +3,7 @@ fail naming the key, keys without effect are reported."""
 import logging
 
 import pytest
-from cp_helpers import group, section, tiny_bert
+from cp_helpers import section, tiny_bert
 
 from deepspeed.compression.compress import init_compression
 from deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
