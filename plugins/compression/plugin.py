@@ -1,0 +1,88 @@
+"""The ``compression`` plugin: owns ``compression_training`` and ``quantize_training`` (MoQ).
+
+The engine takes part when either section is enabled or when the model holds layers that
+``init_compression`` made compression-aware (``deepspeed_enable_for_model``), so a model
+prepared for compression has its schedule advanced even if the engine's config omits the
+section. After every optimizer step (``deepspeed_after_step``) the compression schedule moves to
+``engine.global_steps`` and MoQ quantizes the weights. Checkpoints keep the step-dependent
+state (which techniques are on, the bits, MoQ's period) under ``ds_compression``.
+"""
+import types
+
+from deepspeed.hooks import hookimpl
+from deepspeed.plugin_manager import DeepSpeedPlugin
+from deepspeed.utils.logging import log_dist
+
+from .config import CompressionTrainingConfig, QuantizeTrainingConfig
+from .moq import MoQQuantizer
+from .scheduler import compressed_layers, compression_scheduler
+
+STATE_KEY = "ds_compression"
+
+
+class CompressionPlugin(DeepSpeedPlugin):
+    config_sections = {"compression_training": CompressionTrainingConfig,
+                       "quantize_training": QuantizeTrainingConfig}
+
+    def __init__(self):
+        self.scheduler = None
+        self.moq = None
+
+    @hookimpl
+    def deepspeed_enable_for_model(self, model):
+        return bool(compressed_layers(model)) or None
+
+    @hookimpl
+    def deepspeed_engine_init(self, engine, config):
+        self.scheduler = compression_scheduler(engine.module)
+        section = config.section("compression_training")
+        if section is not None and section.enabled and not self.scheduler.layers \
+                and _needs_layers(section):
+            log_dist("compression_training is enabled but the model holds no compression-aware "
+                     "layer: call deepspeed.compression.compress.init_compression(model, config) "
+                     "before deepspeed.initialize", ranks=[0], level=30)
+        moq = config.section("quantize_training")
+        if moq is not None and moq.enabled:
+            self.moq = MoQQuantizer(moq)
+        object.__setattr__(engine, "compression_scheduler", self.scheduler)
+        object.__setattr__(engine, "quantizer", self.moq)
+        object.__setattr__(engine, "quantize_bits",
+                           types.MethodType(lambda eng: self.moq.bits if self.moq else None,
+                                            engine))
+
+    @hookimpl
+    def deepspeed_after_step(self, engine):
+        step = engine.global_steps
+        if self.scheduler is not None:
+            self.scheduler.step(step)
+        if self.moq is not None:
+            self.moq.step(engine.module, step)
+            if self.moq.config.quantize_verbose:
+                log_dist(f"MoQ step {step}: {self.moq.bits} bits, period {self.moq.period}",
+                         ranks=[0])
+
+    @hookimpl
+    def deepspeed_save_checkpoint(self, engine, state):
+        saved = {}
+        if self.moq is not None:
+            saved["moq"] = self.moq.state_dict()
+        if self.scheduler is not None:
+            saved["steps"] = self.scheduler.training_steps
+        state[STATE_KEY] = saved
+
+    @hookimpl
+    def deepspeed_load_checkpoint(self, engine, state, load_module_only):
+        saved = state.get(STATE_KEY)
+        if load_module_only or not saved:
+            return
+        if self.moq is not None and "moq" in saved:
+            self.moq.load_state_dict(saved["moq"])
+        if self.scheduler is not None and "steps" in saved:
+            for layer in self.scheduler.layers:
+                layer.update_schedule(int(saved["steps"]))
+            self.scheduler.training_steps = int(saved["steps"])
+
+
+def _needs_layers(section):
+    from .config import TECHNIQUES
+    return any(getattr(section, name).shared_parameters.enabled for name in TECHNIQUES)
