@@ -130,8 +130,9 @@ def _cpu_description():
 
 def _git_info():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.isdir(os.path.join(root, ".git")):
+    if not os.path.exists(os.path.join(root, ".git")):  # a file in a git worktree
         return "unknown", "unknown"
+
     def ask(*args):
         return subprocess.run(["git", "-C", root, "rev-parse", *args], capture_output=True,
                               text=True, timeout=5, check=True).stdout.strip()
