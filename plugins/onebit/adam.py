@@ -39,20 +39,11 @@ class OnebitAdam(OneBitOptimizer):
         return self.step_count > self.freeze_step
 
     def _state(self, param):
-        state = self.state[param]
-        if not state:
-            state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
-            state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
-            state["var_updates"] = 0
-        return state
+        return self._moment_state(param, var_updates=0)
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        step = self._advance()
+        loss, step = self._begin_step(closure)
         params = self.params_in_order()
         states = [self._state(p) for p in params]
         groups = [g for g in self.param_groups for _ in g["params"]]

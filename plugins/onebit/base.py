@@ -90,6 +90,25 @@ class OneBitOptimizer(torch.optim.Optimizer):
             group["step"] += 1
         return self.step_count
 
+    def _begin_step(self, closure):
+        """``(loss, step)``: the closure's loss (evaluated with gradients on, as torch's
+        optimizers do) and the number of the step this call takes."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        return loss, self._advance()
+
+    def _moment_state(self, param, **entries):
+        """``param``'s state, created on first use: fp32 Adam moments plus the optimizer's own
+        ``entries``."""
+        state = self.state[param]
+        if not state:
+            state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+            state.update(entries)
+        return state
+
     def _set_reduction(self):
         enabled = bool(self.full_precision_reduction(self.step_count + 1))
         self.enable_backward_allreduce = enabled

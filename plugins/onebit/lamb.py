@@ -65,21 +65,11 @@ class OnebitLamb(OneBitOptimizer):
         return list(self.lamb_coeffs)
 
     def _state(self, param):
-        state = self.state[param]
-        if not state:
-            state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
-            state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
-            state["lamb_coeff_freeze"] = 0.0
-            state["last_factor"] = 1.0
-        return state
+        return self._moment_state(param, lamb_coeff_freeze=0.0, last_factor=1.0)
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        step = self._advance()
+        loss, step = self._begin_step(closure)
         if step <= self.freeze_step:
             self.lamb_coeffs = self._warmup(step)
         else:
