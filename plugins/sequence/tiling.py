@@ -5,11 +5,14 @@ sequence can be computed shard by shard. The autograd functions here run the for
 ``no_grad`` shard by shard (only the output is kept), and in backward recompute one shard at a
 time with gradients enabled, so at any moment only one shard's intermediate activations are live.
 
-Parameter gradients: each function takes the parameters ``fn`` trains (``compute_params``, plus
-the parameters of ``self`` when it is an ``nn.Module``) as autograd inputs. Backward sums the
-per-shard parameter gradients itself and hands them to autograd once, so a parameter's
-``.grad`` is accumulated (and its post-accumulate-grad hook, which ZeRO's gradient reduction
-uses, fires) exactly once per backward, however many shards ran.
+Parameter gradients: the parameters ``fn`` trains (``compute_params``, plus the parameters of
+``self`` when it is an ``nn.Module``) are not autograd inputs of these functions (under ZeRO-3
+they are released placeholders when the function is applied). Backward sums the per-shard
+parameter gradients itself and accumulates them into ``.grad`` with one
+``torch.autograd.backward(params, grads)``, so each parameter's ``.grad`` is accumulated (and
+its post-accumulate-grad hook, which ZeRO's gradient reduction uses, fires) exactly once per
+backward, however many shards ran. As upstream, the parameter gradients therefore always land
+in ``.grad`` (``torch.autograd.grad(loss, params)`` from outside does not see them).
 
 The upstream import path is ``deepspeed.runtime.sequence_parallel.ulysses_sp``.
 """
@@ -64,6 +67,13 @@ def _split(tensor, shards, dim):
     return torch.tensor_split(tensor, shards, dim=dim)
 
 
+def _deliver(params, acc):
+    """Accumulate the summed gradients into ``.grad`` once (one hook call per parameter)."""
+    pairs = [(p, g) for p, g in zip(params, acc) if g is not None]
+    if pairs:
+        torch.autograd.backward([p for p, _ in pairs], [g for _, g in pairs])
+
+
 def _accumulate(acc, grads):
     for i, g in enumerate(grads):
         if g is None:
@@ -86,19 +96,20 @@ class TiledMLP(torch.autograd.Function):
             num_shards = tiled_mlp_num_shards(x.shape[1], x.shape[-1])
         _check_shards(num_shards, "TiledMLP")
         params = _trainable_params(self, compute_params)
-        return super().apply(fn, self, x, num_shards, len(params), *params)
+        return super().apply(fn, self, x, num_shards, params)
 
     @staticmethod
-    def forward(ctx, fn, self, x, num_shards, n_params, *params):
-        ctx.fn, ctx.module, ctx.num_shards = fn, self, num_shards
-        ctx.save_for_backward(x, *params)
+    def forward(ctx, fn, self, x, num_shards, params):
+        ctx.fn, ctx.module, ctx.num_shards, ctx.params = fn, self, num_shards, params
+        ctx.save_for_backward(x)
         with torch.no_grad():
             outs = [fn(self, shard) for shard in _split(x, num_shards, 1)]
         return torch.cat(outs, dim=1)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, *params = ctx.saved_tensors
+        x, = ctx.saved_tensors
+        params = ctx.params
         x_grad = torch.zeros_like(x) if ctx.needs_input_grad[2] else None
         acc = [None] * len(params)
         offset = 0
@@ -118,7 +129,8 @@ class TiledMLP(torch.autograd.Function):
                 _accumulate(acc, grads)
             del out
             offset += n
-        return (None, None, x_grad, None, None, *acc)
+        _deliver(params, acc)
+        return None, None, x_grad, None, None
 
 
 _REDUCTIONS = (None, "mean", "sum")
@@ -139,18 +151,17 @@ class SequenceTiledCompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fn, seqlen, shards, keys_to_shard, keys_to_pass, grad_requiring_tensor_key,
-                compute_params, output_unshard_dimension, output_reduction, n_params, *args):
+                params, output_unshard_dimension, output_reduction, *args):
         n_shard, n_pass = len(keys_to_shard), len(keys_to_pass)
         to_shard = dict(zip(keys_to_shard, args[:n_shard]))
         to_pass = dict(zip(keys_to_pass, args[n_shard:n_shard + n_pass]))
-        params = args[n_shard + n_pass:]
-        ctx.fn, ctx.shards = fn, shards
+        ctx.fn, ctx.shards, ctx.params = fn, shards, params
         ctx.keys_to_shard, ctx.keys_to_pass = keys_to_shard, keys_to_pass
         ctx.grad_key = grad_requiring_tensor_key
-        ctx.grad_index = 10 + keys_to_shard.index(grad_requiring_tensor_key)
+        ctx.grad_index = 9 + keys_to_shard.index(grad_requiring_tensor_key)
         ctx.dim, ctx.reduction = output_unshard_dimension, output_reduction
         ctx.to_pass = to_pass  # non-tensor or constant arguments
-        ctx.save_for_backward(*args[:n_shard], *params)
+        ctx.save_for_backward(*args[:n_shard])
         with torch.no_grad():
             outs = [fn(**piece, **to_pass) for piece in _pieces(to_shard, shards)]
         if output_reduction is None:
@@ -163,7 +174,7 @@ class SequenceTiledCompute(torch.autograd.Function):
         saved = ctx.saved_tensors
         n_shard = len(ctx.keys_to_shard)
         to_shard = dict(zip(ctx.keys_to_shard, saved[:n_shard]))
-        params = list(saved[n_shard:])
+        params = ctx.params
         x = to_shard[ctx.grad_key]
         want_x = ctx.needs_input_grad[ctx.grad_index]
         x_grad = torch.zeros_like(x) if want_x else None
@@ -193,7 +204,8 @@ class SequenceTiledCompute(torch.autograd.Function):
         grads_in = [None] * n_shard
         if want_x:
             grads_in[ctx.keys_to_shard.index(ctx.grad_key)] = x_grad
-        return (None,) * 10 + tuple(grads_in) + (None,) * len(ctx.keys_to_pass) + tuple(acc)
+        _deliver(params, acc)
+        return (None,) * 9 + tuple(grads_in) + (None,) * len(ctx.keys_to_pass)
 
 
 def _pieces(to_shard, shards):
@@ -224,10 +236,9 @@ def sequence_tiled_compute(fn, seqlen, shards, kwargs_to_shard, kwargs_to_pass,
     owner = getattr(fn, "__self__", None)
     params = _trainable_params(owner, compute_params)
     return SequenceTiledCompute.apply(fn, seqlen, shards, keys_to_shard, keys_to_pass,
-                                      grad_requiring_tensor_key, None, output_unshard_dimension,
-                                      output_reduction, len(params),
-                                      *kwargs_to_shard.values(),
-                                      *(kwargs_to_pass or {}).values(), *params)
+                                      grad_requiring_tensor_key, params, output_unshard_dimension,
+                                      output_reduction, *kwargs_to_shard.values(),
+                                      *(kwargs_to_pass or {}).values())
 
 
 class TiledFusedLogitsLoss(torch.autograd.Function):
@@ -258,13 +269,13 @@ class TiledFusedLogitsLoss(torch.autograd.Function):
             raise ValueError(f"TiledFusedLogitsLoss: x {tuple(x.shape)} and y {tuple(y.shape)} "
                              f"must agree on [batch, seq]")
         params = _trainable_params(self, compute_params)
-        return super().apply(fn, self, x, y, mask, shards, output_reduction, len(params), *params)
+        return super().apply(fn, self, x, y, mask, shards, output_reduction, params)
 
     @staticmethod
-    def forward(ctx, fn, self, x, y, mask, shards, output_reduction, n_params, *params):
+    def forward(ctx, fn, self, x, y, mask, shards, output_reduction, params):
         ctx.fn, ctx.module, ctx.shards, ctx.reduction = fn, self, shards, output_reduction
-        ctx.has_mask = mask is not None
-        ctx.save_for_backward(x, y, *([mask] if mask is not None else []), *params)
+        ctx.has_mask, ctx.params = mask is not None, params
+        ctx.save_for_backward(x, y, *([mask] if mask is not None else []))
         with torch.no_grad():
             losses = [fn(self, *piece) for piece in _loss_pieces(x, y, mask, shards)]
         total = torch.stack([l.reshape(()) for l in losses]).sum()
@@ -275,7 +286,7 @@ class TiledFusedLogitsLoss(torch.autograd.Function):
         saved = ctx.saved_tensors
         x, y = saved[0], saved[1]
         mask = saved[2] if ctx.has_mask else None
-        params = list(saved[3 if ctx.has_mask else 2:])
+        params = ctx.params
         want_x = ctx.needs_input_grad[2]
         x_grad = torch.zeros_like(x) if want_x else None
         acc = [None] * len(params)
@@ -296,7 +307,8 @@ class TiledFusedLogitsLoss(torch.autograd.Function):
                 _accumulate(acc, grads)
             del loss
             offset += n
-        return (None, None, x_grad, None, None, None, None, None, *acc)
+        _deliver(params, acc)
+        return None, None, x_grad, None, None, None, None, None
 
 
 def _loss_pieces(x, y, mask, shards):

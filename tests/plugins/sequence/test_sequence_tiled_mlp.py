@@ -76,9 +76,8 @@ def test_tiled_mlp_keeps_no_shard_activations_between_forward_and_backward():
     mlp = _MLP()
     x = torch.randn(1, 9, HIDDEN, requires_grad=True)
     out = TiledMLP.apply(_mlp_forward, mlp, x, 3, None)
-    saved = out.grad_fn.saved_tensors
-    assert saved[0] is x or saved[0].data_ptr() == x.data_ptr()
-    assert all(t.shape == p.shape for t, p in zip(saved[1:], mlp.parameters()))
+    saved = out.grad_fn.saved_tensors  # only the input: no per-shard activation survives
+    assert len(saved) == 1 and saved[0].data_ptr() == x.data_ptr()
 
 
 def test_shard_count_rule_and_bad_values():
