@@ -14,6 +14,7 @@ _LAZY = {
     "initialize": "deepspeed.api",
     "add_config_arguments": "deepspeed.api",
     "tp_model_init": "deepspeed.api",
+    "init_inference": "deepspeed.api",
     "init_distributed": "deepspeed.comm",
     "DeepSpeedEngine": "deepspeed.engine",
     "DeepSpeedConfig": "deepspeed.config",

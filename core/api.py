@@ -1,5 +1,5 @@
-"""The user-facing entry points: ``deepspeed.initialize``, ``deepspeed.add_config_arguments`` and
-``deepspeed.tp_model_init``.
+"""The user-facing entry points: ``deepspeed.initialize``, ``deepspeed.add_config_arguments``,
+``deepspeed.tp_model_init`` and ``deepspeed.init_inference``.
 
 ``initialize`` is where the pieces meet: distributed start-up, the plugin catalog (whose
 config sections complete the schema), config validation, the per-engine plugin manager of
@@ -94,3 +94,28 @@ def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
     if check_int("tp_size", tp_size, 1) == 1:
         return model
     raise DeepSpeedConfigError(missing_plugin_problem("tensor_parallel"))
+
+
+INFERENCE_PLUGIN = "inference"
+
+
+def init_inference(model, config=None, **kwargs):
+    """Wrap ``model`` for inference: returns the ``InferenceEngine`` of the ``inference``
+    plugin (``deepspeed.inference``), built from ``config`` (a dict or a JSON file path) merged
+    with ``kwargs``.
+
+    The core only asks the installed plugins (``deepspeed_init_inference``); without a plugin
+    answering, the call fails naming the missing plugin.
+    """
+    catalog = PluginCatalog()
+    engine = catalog.installed_hook.deepspeed_init_inference(model=model, config=config,
+                                                             kwargs=dict(kwargs))
+    if engine is None:
+        from deepspeed.plugin_manager import ENTRY_POINT_GROUP, PluginError
+
+        raise PluginError(
+            f"deepspeed.init_inference needs the '{INFERENCE_PLUGIN}' plugin "
+            f"(deepspeed.inference), registered under the entry-point group "
+            f"'{ENTRY_POINT_GROUP}'; no installed plugin answered deepspeed_init_inference. "
+            f"Reinstall deepspeed (pip install -e .) or install a package providing it")
+    return engine

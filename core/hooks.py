@@ -5,11 +5,12 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - A plugin implements a hook by defining a function of the same name decorated with
   ``@deepspeed.hookimpl``. It may accept any *subset* of the arguments listed here, so new
   arguments can be added to a hook without breaking existing plugins.
-- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Four
+- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Five
   exceptions are asked of every installed plugin because no engine exists when they are needed:
   ``deepspeed_config_sections`` (the config has to be validated before anyone knows which
   plugins it enables), ``deepspeed_engine_for_model`` / ``deepspeed_enable_for_model`` (a model
-  may need a plugin, which the config cannot say) and ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
+  may need a plugin, which the config cannot say), ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
+  engine) and ``deepspeed_init_inference`` (``deepspeed.init_inference`` builds no training
   engine).
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
@@ -74,6 +75,19 @@ def deepspeed_enable_for_model(model):
     the config says (``deepspeed.moe`` for a model holding MoE layers: their checkpoints and
     the features that must know expert groups). Asked of every installed plugin, like
     ``deepspeed_engine_for_model``, which it complements without claiming the engine class."""
+
+
+@hookspec(firstresult=True)
+def deepspeed_init_inference(model, config, kwargs):
+    """Build the inference engine of ``deepspeed.init_inference(model, config, **kwargs)``
+    (first result wins): ``config`` is what the caller passed (a dict, a JSON file path or
+    None), ``kwargs`` the keyword arguments as a dict. Return the engine (upstream's
+    ``InferenceEngine``: a module whose ``.module`` is the wrapped model), or None to leave
+    the call to another plugin.
+
+    Asked of every *installed* plugin, since inference has no training config to enable a
+    plugin with; the ``inference`` plugin (``deepspeed.inference``) answers it. With no
+    answer, ``init_inference`` raises an error naming that plugin."""
 
 
 # ---------------------------------------------------------------------------------------------
