@@ -1,0 +1,137 @@
+"""``InferenceEngine``: the module ``deepspeed.init_inference`` returns.
+
+It converts the model to the configured dtype, splits it over the tensor-parallel group
+(AutoTP, or the user's ``injection_policy``), and then runs it: ``engine(...)`` is
+``engine.module(...)``, ``engine.generate(...)`` is the module's ``generate``.
+
+Policies of this build (no fused inference kernels, no CUDA graphs on CPU):
+
+- dtype: the documented default is fp16. On the CPU accelerator (or one without fp16 support)
+  the *default* fp16 keeps the model's own dtype and logs one line saying so, so that
+  ``init_inference(model)`` followed by ``engine(fp32 inputs)`` works as on upstream's GPUs; an
+  fp16 the caller asked for explicitly is honoured (torch runs fp16 on CPU, slowly). ``torch.int8`` needs the
+  quantized GPU kernels and is a clear error.
+- ``replace_with_kernel_inject=True``: the fused kernels are GPU-only and not part of this build;
+  the model is split with AutoTP instead (one log line), which computes the same outputs.
+- distributed: a process group is started (``deepspeed.comm.init_distributed``) only when
+  ``tp_size > 1`` needs one; a single-process engine never starts one.
+"""
+import torch
+from torch import nn
+
+from deepspeed import comm as dist
+from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_from_injection,
+                                         shard_model)
+from deepspeed.inference.config import DtypeEnum
+from deepspeed.utils import logging as ds_logging
+
+logger = ds_logging.logger
+
+
+class InferenceEngine(nn.Module):
+    """Wraps ``model`` for inference as ``config`` (a ``DeepSpeedInferenceConfig``) says;
+    ``explicit`` is the set of keys the caller gave (for the default-dtype policy)."""
+
+    def __init__(self, model, config, explicit=()):
+        super().__init__()
+        self._config = config
+        self.module = model
+        self.mp_group = None
+        self.mp_world_size = 1
+        self._check_unsupported(config)
+        self._convert_dtype(config, explicit)
+        tp = config.tensor_parallel
+        if tp.enabled and tp.tp_size > 1:
+            self._split(model, config)
+        self.module.eval()
+
+    @property
+    def config(self):
+        return self._config
+
+    # ------------------------------------------------------------------ set-up
+    def _check_unsupported(self, config):
+        if config.replace_with_kernel_inject:
+            logger.info("init_inference: replace_with_kernel_inject=True asks for fused GPU "
+                        "kernels, which this build does not ship; splitting with AutoTP instead")
+        if config.enable_cuda_graph and config.tensor_parallel.tp_size > 1:
+            raise AssertionError("CUDA graphs are not supported with tensor parallelism "
+                                 "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")
+        if config.checkpoint is not None:
+            raise NotImplementedError("init_inference(checkpoint=...) is not implemented in this "
+                                      "build; load the weights into the model before the call")
+
+    def _convert_dtype(self, config, explicit):
+        from deepspeed.accelerator import get_accelerator
+
+        dtype = config.dtype
+        if dtype is DtypeEnum.int8:
+            raise NotImplementedError("dtype=torch.int8 needs the quantized inference kernels "
+                                      "(GPU-only), which this build does not ship; use "
+                                      "torch.float, torch.bfloat16 or torch.half")
+        accel = get_accelerator()
+        if dtype is DtypeEnum.fp16 and "dtype" not in explicit \
+                and (accel.device_name() == "cpu" or not accel.is_fp16_supported()):
+            current = next((p.dtype for p in self.module.parameters()), torch.float32)
+            logger.info(f"init_inference: the default dtype torch.float16 is not used on the "
+                        f"{accel.device_name()} accelerator; keeping the model's {current} "
+                        f"(pass dtype=torch.half, torch.bfloat16 or torch.float to choose)")
+            return
+        self.module.to(dtype.torch_dtype)
+
+    def _split(self, model, config):
+        tp = config.tensor_parallel
+        if not dist.is_initialized():
+            dist.init_distributed(verbose=False)
+        world = dist.get_world_size()
+        if tp.tp_group is not None:
+            group = tp.tp_group
+            size = dist.get_world_size(group=group)
+            if size != tp.tp_size:
+                raise TensorParallelError(f"tensor_parallel.tp_group has {size} ranks but "
+                                          f"tp_size is {tp.tp_size}")
+            rank = dist.get_rank(group=group)
+        elif tp.mpu is not None:
+            group = tp.mpu.get_model_parallel_group()
+            rank = tp.mpu.get_model_parallel_rank()
+        else:
+            if world % tp.tp_size:
+                raise TensorParallelError(f"tensor_parallel.tp_size={tp.tp_size} does not divide "
+                                          f"the world size {world}")
+            group = self._new_tp_group(world, tp.tp_size)
+            rank = dist.get_rank() % tp.tp_size
+        if config.injection_policy:
+            policy = policy_from_injection(config.injection_policy)
+        else:
+            policy = AutoTP.tp_parser(model)
+        shard_model(model, policy, tp.tp_size, rank, group)
+        self.mp_group = group
+        self.mp_world_size = tp.tp_size
+        self.policy = policy
+
+    @staticmethod
+    def _new_tp_group(world, tp_size):
+        if tp_size == world:
+            return None  # the world group
+        mine = None
+        for start in range(0, world, tp_size):
+            group = dist.new_group(list(range(start, start + tp_size)))
+            if start <= dist.get_rank() < start + tp_size:
+                mine = group
+        return mine
+
+    # ------------------------------------------------------------------ running
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def generate(self, *inputs, **kwargs):
+        """The wrapped model's ``generate``; an input longer than ``max_out_tokens`` is a
+        ``RuntimeError``."""
+        generate = getattr(self.module, "generate", None)
+        if generate is None:
+            raise AttributeError(f"{type(self.module).__name__} has no generate method")
+        ids = inputs[0] if inputs else kwargs.get("input_ids")
+        if torch.is_tensor(ids) and ids.dim() >= 1 and ids.shape[-1] > self._config.max_out_tokens:
+            raise RuntimeError(f"input of {ids.shape[-1]} tokens is longer than max_out_tokens="
+                               f"{self._config.max_out_tokens}")
+        return generate(*inputs, **kwargs)

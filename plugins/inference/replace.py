@@ -1,0 +1,31 @@
+"""``replace_transformer_layer``: upstream's module-replacement entry point, here the
+tensor-slicing half only (fused kernel layers are GPU-only and not part of this build)."""
+from deepspeed.inference.auto_tp import AutoTP, policy_from_injection, shard_model
+
+
+def replace_transformer_layer(orig_layer_impl, model, checkpoint_dict=None, config=None,
+                              model_config=None):
+    """Split ``model`` over ``config.tensor_parallel`` (a ``DeepSpeedInferenceConfig``):
+    ``orig_layer_impl`` (a block class) with the row-parallel names of
+    ``config.injection_policy_tuple`` / ``config.injection_policy``, or AutoTP's policy when
+    neither names them. Returns ``model``."""
+    from deepspeed import comm as dist
+
+    if config is None:
+        raise ValueError("replace_transformer_layer needs config (a DeepSpeedInferenceConfig)")
+    if config.replace_with_kernel_inject:
+        raise NotImplementedError("kernel injection (fused GPU layers) is not part of this "
+                                  "build; use replace_with_kernel_inject=False (AutoTP)")
+    tp = config.tensor_parallel
+    if tp.tp_size == 1:
+        return model
+    if config.injection_policy:
+        policy = policy_from_injection(config.injection_policy)
+    elif orig_layer_impl is not None and config.injection_policy_tuple:
+        policy = policy_from_injection({orig_layer_impl: config.injection_policy_tuple})
+    else:
+        policy = AutoTP.tp_parser(model)
+    group = tp.tp_group
+    rank = dist.get_rank(group=group) if group is not None else dist.get_rank() % tp.tp_size
+    shard_model(model, policy, tp.tp_size, rank, group)
+    return model
