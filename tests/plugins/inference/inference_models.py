@@ -1,0 +1,48 @@
+"""Tiny Hugging Face models built from configs (no downloads), seeded so every rank builds the
+same weights, for the inference plugin's tensor-parallel tests."""
+import torch
+
+VOCAB = 64
+
+
+def build(name, seed=0):
+    """``(model, decoder?)`` for ``name`` in ``MODELS``, in eval mode."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=64)
+    if name == "llama":  # GQA: 4 query heads, 2 key/value heads
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(intermediate_size=64, num_key_value_heads=2,
+                                                   **common))
+    elif name == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(intermediate_size=64,
+                                                       num_key_value_heads=2, **common))
+    elif name == "opt":
+        model = tf.OPTForCausalLM(tf.OPTConfig(ffn_dim=64, word_embed_proj_dim=32, **common))
+    elif name == "bert":
+        model = tf.BertForMaskedLM(tf.BertConfig(intermediate_size=64, **common))
+    else:
+        raise ValueError(name)
+    return model.eval(), name != "bert"
+
+
+MODELS = ("llama", "mistral", "opt", "bert")
+# the Linears inside each block that write into the residual stream
+ROW_NAMES = {
+    "llama": ("self_attn.o_proj", "mlp.down_proj"),
+    "mistral": ("self_attn.o_proj", "mlp.down_proj"),
+    "opt": ("self_attn.out_proj", "fc2"),
+    "bert": ("attention.output.dense", "output.dense"),
+}
+
+
+def block_class(model):
+    from deepspeed.module_inject import AutoTP
+
+    return AutoTP.block_classes(model)[0]
+
+
+def input_ids(batch=2, length=7, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, length), generator=g)
