@@ -20,6 +20,12 @@ def build(name, seed=0):
                                                        num_key_value_heads=2, **common))
     elif name == "opt":
         model = tf.OPTForCausalLM(tf.OPTConfig(ffn_dim=64, word_embed_proj_dim=32, **common))
+    elif name == "gpt_neox":
+        model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(intermediate_size=64, **common))
+    elif name == "falcon":  # new decoder architecture, grouped query/key/value
+        model = tf.FalconForCausalLM(tf.FalconConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_kv_heads=2, new_decoder_architecture=True, bias=True))
     elif name == "bert":
         model = tf.BertForMaskedLM(tf.BertConfig(intermediate_size=64, **common))
     else:
@@ -27,13 +33,15 @@ def build(name, seed=0):
     return model.eval(), name != "bert"
 
 
-MODELS = ("llama", "mistral", "opt", "bert")
+MODELS = ("llama", "mistral", "opt", "bert", "gpt_neox", "falcon")
 # the Linears inside each block that write into the residual stream
 ROW_NAMES = {
     "llama": ("self_attn.o_proj", "mlp.down_proj"),
     "mistral": ("self_attn.o_proj", "mlp.down_proj"),
     "opt": ("self_attn.out_proj", "fc2"),
     "bert": ("attention.output.dense", "output.dense"),
+    "gpt_neox": ("attention.dense", "mlp.dense_4h_to_h"),
+    "falcon": ("self_attention.dense", "mlp.dense_4h_to_h"),
 }
 
 
