@@ -119,14 +119,8 @@ class TiledMLP(torch.autograd.Function):
             shard = shard.detach().requires_grad_(x_grad is not None)
             with torch.enable_grad():
                 out = ctx.fn(ctx.module, shard)
-            inputs = ([shard] if x_grad is not None else []) + params
-            if inputs and out.requires_grad:
-                grads = torch.autograd.grad(out, inputs, g, allow_unused=True)
-                if x_grad is not None:
-                    if grads[0] is not None:
-                        x_grad.narrow(1, offset, n).copy_(grads[0])
-                    grads = grads[1:]
-                _accumulate(acc, grads)
+            _shard_backward(out, g, shard if x_grad is not None else None, params, x_grad,
+                            offset, acc)
             del out
             offset += n
         _deliver(params, acc)
@@ -191,14 +185,8 @@ class SequenceTiledCompute(torch.autograd.Function):
             n = shard.shape[1]
             with torch.enable_grad():
                 out = ctx.fn(**piece, **ctx.to_pass)
-            inputs = ([shard] if want_x else []) + params
-            if inputs and out.requires_grad:
-                grads = torch.autograd.grad(out, inputs, g.reshape(out.shape), allow_unused=True)
-                if want_x:
-                    if grads[0] is not None:
-                        x_grad.narrow(1, offset, n).copy_(grads[0])
-                    grads = grads[1:]
-                _accumulate(acc, grads)
+            _shard_backward(out, g.reshape(out.shape), shard if want_x else None, params,
+                            x_grad, offset, acc)
             del out
             offset += n
         grads_in = [None] * n_shard
@@ -206,6 +194,21 @@ class SequenceTiledCompute(torch.autograd.Function):
             grads_in[ctx.keys_to_shard.index(ctx.grad_key)] = x_grad
         _deliver(params, acc)
         return (None,) * 9 + tuple(grads_in) + (None,) * len(ctx.keys_to_pass)
+
+
+def _shard_backward(out, grad, shard, params, x_grad, offset, acc):
+    """Backpropagate ``grad`` through one recomputed shard's ``out``: the gradient of ``shard``
+    (None when the input needs none) lands in ``x_grad`` at ``offset`` along dim 1, and the
+    parameters' gradients are summed into ``acc`` (delivered once, after the last shard)."""
+    inputs = ([shard] if shard is not None else []) + params
+    if not inputs or not out.requires_grad:
+        return
+    grads = torch.autograd.grad(out, inputs, grad, allow_unused=True)
+    if shard is not None:
+        if grads[0] is not None:
+            x_grad.narrow(1, offset, shard.shape[1]).copy_(grads[0])
+        grads = grads[1:]
+    _accumulate(acc, grads)
 
 
 def _pieces(to_shard, shards):
@@ -297,14 +300,8 @@ class TiledFusedLogitsLoss(torch.autograd.Function):
             n = shard.shape[1]
             with torch.enable_grad():
                 loss = ctx.fn(ctx.module, shard, *piece[1:])
-            inputs = ([shard] if want_x else []) + params
-            if inputs and loss.requires_grad:
-                grads = torch.autograd.grad(loss, inputs, g.reshape(loss.shape), allow_unused=True)
-                if want_x:
-                    if grads[0] is not None:
-                        x_grad.narrow(1, offset, n).copy_(grads[0])
-                    grads = grads[1:]
-                _accumulate(acc, grads)
+            _shard_backward(loss, g.reshape(loss.shape), shard if want_x else None, params,
+                            x_grad, offset, acc)
             del loss
             offset += n
         _deliver(params, acc)
