@@ -20,6 +20,7 @@ from collections import deque
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.utils.z3_leaf_module import z3_leaf_parameter
 from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
                                                 scale_before_reduce)
@@ -95,8 +96,10 @@ class GradientReducer:
             # a ZeRO-3 run writes every element itself (gradients, padding, missing ones at
             # launch), so its buffer is not zeroed up front: its pages are touched only as
             # backward delivers gradients, not all at once at the activation peak
-            fill = torch.empty if getattr(bucket, "fills_itself", False) else torch.zeros
-            self._inputs[index] = fill(bucket.padded, dtype=dtype, device=bucket.device)
+            buffer = transient_empty(bucket.padded, dtype, bucket.device)
+            if not getattr(bucket, "fills_itself", False):
+                buffer.zero_()
+            self._inputs[index] = buffer
         return self._inputs[index]
 
     def _first_leaf_bucket(self):
@@ -187,7 +190,7 @@ class GradientReducer:
             self._empty_targets.discard(id(bucket))
             return target
         self._empty_targets.discard(id(bucket))
-        return torch.empty(bucket.piece, dtype=flat.dtype, device=flat.device)
+        return transient_empty(bucket.piece, flat.dtype, flat.device)
 
     def partitions_zeroed(self):
         """The optimizer zeroed every gradient partition: the next reduction of each bucket

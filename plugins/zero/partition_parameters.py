@@ -29,6 +29,7 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.hooks import PARAM_STATE_ACCESS
+from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
 
 
@@ -191,11 +192,11 @@ def _all_gather_shards(partitioner, params, dtype, device, async_op=False):
     shards = [partitioner.fetch(p) for p in params]
     sizes = [s.numel() for s in shards]
     # always a copy: with one rank the output is the send buffer, which must not be a shard
-    send = torch.empty(sum(sizes), dtype=dtype, device=device)
+    send = transient_empty(sum(sizes), dtype, device)
     torch.cat([s.to(device=device, non_blocking=True) for s in shards], out=send)
     if partitioner.world_size == 1:
         return send, send, None, sizes
-    output = torch.empty(send.numel() * partitioner.world_size, dtype=dtype, device=device)
+    output = transient_empty(send.numel() * partitioner.world_size, dtype, device)
     work = dist.all_gather_into_tensor(output, send, group=partitioner.group, async_op=async_op)
     return send, output, work, sizes
 
@@ -248,7 +249,7 @@ def _copy_out(columns, dtype, device):
     a whole parameter (its pieces back to back), filled by one foreach copy; returns the
     per-parameter segments."""
     sizes = [c.numel() for c in columns]
-    flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+    flat = transient_empty(sum(sizes), dtype, device)
     segments = flat.split(sizes)
     torch._foreach_copy_([seg.view(c.shape) for seg, c in zip(segments, columns)], list(columns))
     return segments

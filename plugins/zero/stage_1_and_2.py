@@ -35,6 +35,7 @@ from deepspeed.precision import OptimizerFace
 from deepspeed.precision.loss_scaler import log_overflow, loss_scaler_from_config
 from deepspeed.utils.logging import logger
 from deepspeed.utils.timer import NoopTimer
+from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.fragment_access import FragmentAccessMixin
 from deepspeed.zero.gradient_reduction import GradientReducer
 from deepspeed.zero.partition import build_layout, build_shard_layout, shard_runs
@@ -89,8 +90,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         self.grad_partitions = []
         optimizer.state.clear()
         for layout, group in zip(self.layouts, optimizer.param_groups):
-            flat = torch.cat([self._read_piece(b) for b in layout.buckets]) \
-                if layout.buckets else torch.zeros(0, device=self.master_device)
+            flat = self._concatenated([self._read_piece(b) for b in layout.buckets])
             chunks = [torch.nn.Parameter(self._maybe_pin(piece.clone(), pin))
                       for piece in flat.split(self.sub_group_size)]
             self.chunks.append(chunks)
@@ -178,6 +178,15 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
             self.master_device, copy=True)
         bucket.settle()
         return piece
+
+    def _concatenated(self, pieces):
+        """The rank's whole partition of a group, only to be cut into chunks that copy it: a
+        transient buffer, so freeing it does not leave glibc's heap (and every later
+        activation) sized for the whole partition (see ``transient_buffers``)."""
+        if not pieces:
+            return torch.zeros(0, device=self.master_device)
+        flat = transient_empty(sum(p.numel() for p in pieces), pieces[0].dtype, pieces[0].device)
+        return torch.cat(pieces, out=flat)
 
     @staticmethod
     def _maybe_pin(tensor, pin):
