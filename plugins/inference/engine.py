@@ -23,6 +23,7 @@ from deepspeed import comm as dist
 from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_from_injection,
                                          shard_model)
 from deepspeed.inference.config import DtypeEnum
+from deepspeed.inference.vocab_parallel import shard_vocab
 from deepspeed.utils import logging as ds_logging
 
 logger = ds_logging.logger
@@ -105,6 +106,7 @@ class InferenceEngine(nn.Module):
         else:
             policy = AutoTP.tp_parser(model)
         shard_model(model, policy, tp.tp_size, rank, group)
+        self.vocab_split = shard_vocab(model, tp.tp_size, rank, group)
         self.mp_group = group
         self.mp_world_size = tp.tp_size
         self.policy = policy

@@ -26,6 +26,10 @@ def build(name, seed=0):
         model = tf.FalconForCausalLM(tf.FalconConfig(
             vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_kv_heads=2, new_decoder_architecture=True, bias=True))
+    elif name == "t5":  # encoder-decoder, relative attention bias, tied embeddings
+        model = tf.T5ForConditionalGeneration(tf.T5Config(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
+            num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0))
     elif name == "bert":
         model = tf.BertForMaskedLM(tf.BertConfig(intermediate_size=64, **common))
     else:
