@@ -9,8 +9,9 @@ Policies of this build (no fused inference kernels, no CUDA graphs on CPU):
 - dtype: the documented default is fp16. On the CPU accelerator (or one without fp16 support)
   the *default* fp16 keeps the model's own dtype and logs one line saying so, so that
   ``init_inference(model)`` followed by ``engine(fp32 inputs)`` works as on upstream's GPUs; an
-  fp16 the caller asked for explicitly is honoured (torch runs fp16 on CPU, slowly). ``torch.int8`` needs the
-  quantized GPU kernels and is a clear error.
+  fp16 the caller asked for explicitly is honoured (torch runs fp16 on CPU, slowly).
+  ``torch.int8`` is weight-only int8 (``deepspeed.inference.quantize``): the model computes in
+  its own float dtype, its Linear weights are stored as int8 with per-group scales.
 - ``replace_with_kernel_inject=True``: the fused kernels are GPU-only and not part of this build;
   the model is split with AutoTP instead (one log line), which computes the same outputs.
 - distributed: a process group is started (``deepspeed.comm.init_distributed``) only when
@@ -23,6 +24,7 @@ from deepspeed import comm as dist
 from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_from_injection,
                                          shard_model)
 from deepspeed.inference.config import DtypeEnum
+from deepspeed.inference.quantize import quantize_model
 from deepspeed.inference.vocab_parallel import shard_vocab
 from deepspeed.utils import logging as ds_logging
 
@@ -44,6 +46,9 @@ class InferenceEngine(nn.Module):
         tp = config.tensor_parallel
         if tp.enabled and tp.tp_size > 1:
             self._split(model, config)
+        self.quantized = {}
+        if config.dtype is DtypeEnum.int8:
+            self.quantized = quantize_model(self.module, config.quant)
         self.module.eval()
 
     @property
@@ -66,10 +71,8 @@ class InferenceEngine(nn.Module):
         from deepspeed.accelerator import get_accelerator
 
         dtype = config.dtype
-        if dtype is DtypeEnum.int8:
-            raise NotImplementedError("dtype=torch.int8 needs the quantized inference kernels "
-                                      "(GPU-only), which this build does not ship; use "
-                                      "torch.float, torch.bfloat16 or torch.half")
+        if dtype is DtypeEnum.int8:  # weight-only: computes in the model's float dtype
+            return
         accel = get_accelerator()
         if dtype is DtypeEnum.fp16 and "dtype" not in explicit \
                 and (accel.device_name() == "cpu" or not accel.is_fp16_supported()):
