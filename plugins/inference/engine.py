@@ -23,6 +23,7 @@ from torch import nn
 from deepspeed import comm as dist
 from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_from_injection,
                                          shard_model)
+from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum
 from deepspeed.inference.quantize import quantize_model
 from deepspeed.inference.vocab_parallel import shard_vocab
@@ -42,10 +43,16 @@ class InferenceEngine(nn.Module):
         self.mp_group = None
         self.mp_world_size = 1
         self._check_unsupported(config)
+        files = None  # named files are checked before anything changes
+        if config.checkpoint is not None:
+            files = checkpoint_files(config.checkpoint, config.base_dir)
         self._convert_dtype(config, explicit)
         tp = config.tensor_parallel
         if tp.enabled and tp.tp_size > 1:
             self._split(model, config)
+        self.checkpoint_stats = None
+        if files is not None:  # after the split: each rank reads only its shards
+            self.checkpoint_stats = load_into(self.module, files)
         self.quantized = {}
         if config.dtype is DtypeEnum.int8:
             self.quantized = quantize_model(self.module, config.quant)
@@ -63,9 +70,6 @@ class InferenceEngine(nn.Module):
         if config.enable_cuda_graph and config.tensor_parallel.tp_size > 1:
             raise AssertionError("CUDA graphs are not supported with tensor parallelism "
                                  "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")
-        if config.checkpoint is not None:
-            raise NotImplementedError("init_inference(checkpoint=...) is not implemented in this "
-                                      "build; load the weights into the model before the call")
 
     def _convert_dtype(self, config, explicit):
         from deepspeed.accelerator import get_accelerator

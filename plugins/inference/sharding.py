@@ -61,9 +61,10 @@ def replace_everywhere(root, old, new):
 
 
 def parameter_bytes(module):
-    """Bytes of ``module``'s parameters that hold real storage (meta tensors count 0)."""
+    """Bytes of ``module``'s parameters that hold real storage (meta tensors count 0; a
+    parameter shared by several modules counts once; buffers are not counted)."""
     seen, total = set(), 0
-    for p in list(module.parameters()) + list(module.buffers()):
+    for p in module.parameters():
         if id(p) in seen or p.device.type == "meta":
             continue
         seen.add(id(p))
