@@ -40,7 +40,11 @@ def _is_row_parallel(name):
 
 
 def _linears(module):
-    return [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    """The Linears of ``module`` AutoTP may split: not those inside a MoE layer (a module with
+    ``deepspeed_moe``), whose gate scores every expert and whose experts are split by expert."""
+    moe = [n + "." for n, m in module.named_modules() if n and hasattr(m, "deepspeed_moe")]
+    return [(name, m) for name, m in module.named_modules()
+            if isinstance(m, nn.Linear) and not any(name.startswith(p) for p in moe)]
 
 
 class AutoTP:

@@ -28,7 +28,7 @@ import os
 import torch
 from torch import nn
 
-from deepspeed.inference.sharding import SHARD_FN, parameter_bytes, shard_of
+from deepspeed.inference.sharding import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
 from deepspeed.utils import logging as ds_logging
 
 logger = ds_logging.logger
@@ -141,7 +141,7 @@ def _owners(model):
         for attr, p in module._parameters.items():
             if p is not None:
                 by_id.setdefault(id(p), []).append((module, attr))
-                keys[prefix + attr] = p
+                keys[getattr(p, CHECKPOINT_KEY, prefix + attr)] = p
         for attr, b in module._buffers.items():
             if b is not None and attr not in module._non_persistent_buffers_set:
                 by_id.setdefault(id(b), []).append((module, attr))
@@ -171,8 +171,9 @@ def load_into(model, files):
                 new = shard.to(tensor.dtype).clone()
                 if isinstance(tensor, nn.Parameter):
                     new = nn.Parameter(new, requires_grad=False)
-                    if hasattr(tensor, SHARD_FN):
-                        setattr(new, SHARD_FN, getattr(tensor, SHARD_FN))
+                    for attr in (SHARD_FN, CHECKPOINT_KEY):
+                        if hasattr(tensor, attr):
+                            setattr(new, attr, getattr(tensor, attr))
                 for module, attr in places:
                     store = module._parameters if attr in module._parameters else module._buffers
                     store[attr] = new

@@ -25,6 +25,7 @@ from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_fro
                                          shard_model)
 from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum
+from deepspeed.inference.moe_inference import prepare_moe, shard_stacked_experts
 from deepspeed.inference.quantize import quantize_model
 from deepspeed.inference.vocab_parallel import shard_vocab
 from deepspeed.utils import logging as ds_logging
@@ -50,6 +51,7 @@ class InferenceEngine(nn.Module):
         tp = config.tensor_parallel
         if tp.enabled and tp.tp_size > 1:
             self._split(model, config)
+        self.moe_layers = prepare_moe(model, config.moe) if config.moe else []
         self.checkpoint_stats = None
         if files is not None:  # after the split: each rank reads only its shards
             self.checkpoint_stats = load_into(self.module, files)
@@ -114,6 +116,7 @@ class InferenceEngine(nn.Module):
             policy = AutoTP.tp_parser(model)
         shard_model(model, policy, tp.tp_size, rank, group)
         self.vocab_split = shard_vocab(model, tp.tp_size, rank, group)
+        self.experts_split = shard_stacked_experts(model, tp.tp_size, rank, group)
         self.mp_group = group
         self.mp_world_size = tp.tp_size
         self.policy = policy

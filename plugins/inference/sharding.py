@@ -9,6 +9,9 @@ tensor it reads, so a rank copies only its own slice and never holds the whole m
 import torch
 
 SHARD_FN = "ds_shard_fn"
+# a parameter's key in the full state dict when it differs from its module path (a rank's
+# local expert 0 is expert ``ep_rank * local_experts`` of the checkpoint)
+CHECKPOINT_KEY = "ds_checkpoint_key"
 
 
 def shard_sizes(total, tp_size):

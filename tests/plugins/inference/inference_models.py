@@ -18,6 +18,10 @@ def build(name, seed=0):
     elif name == "mistral":
         model = tf.MistralForCausalLM(tf.MistralConfig(intermediate_size=64,
                                                        num_key_value_heads=2, **common))
+    elif name == "mixtral":  # 4 experts (stacked 3-D weights), top-2, GQA
+        model = tf.MixtralForCausalLM(tf.MixtralConfig(
+            intermediate_size=48, num_key_value_heads=2, num_local_experts=4,
+            num_experts_per_tok=2, **common))
     elif name == "opt":
         model = tf.OPTForCausalLM(tf.OPTConfig(ffn_dim=64, word_embed_proj_dim=32, **common))
     elif name == "gpt_neox":
