@@ -4,7 +4,7 @@ It converts the model to the configured dtype, splits it over the tensor-paralle
 (AutoTP, or the user's ``injection_policy``), and then runs it: ``engine(...)`` is
 ``engine.module(...)``, ``engine.generate(...)`` is the module's ``generate``.
 
-Policies of this build (no fused inference kernels, no CUDA graphs on CPU):
+Policies of this build (no CUDA graphs on CPU):
 
 - dtype: the documented default is fp16. On the CPU accelerator (or one without fp16 support)
   the *default* fp16 keeps the model's own dtype and logs one line saying so, so that
@@ -12,8 +12,8 @@ Policies of this build (no fused inference kernels, no CUDA graphs on CPU):
   fp16 the caller asked for explicitly is honoured (torch runs fp16 on CPU, slowly).
   ``torch.int8`` is weight-only int8 (``deepspeed.inference.quantize``): the model computes in
   its own float dtype, its Linear weights are stored as int8 with per-group scales.
-- ``replace_with_kernel_inject=True``: the fused kernels are GPU-only and not part of this build;
-  the model is split with AutoTP instead (one log line), which computes the same outputs.
+- ``replace_with_kernel_inject=True``: SDPA attention and, on GPU, fused bias-GeLU
+  (``deepspeed.inference.kernel_inject``); on CPU AutoTP + SDPA with one log line.
 - distributed: a process group is started (``deepspeed.comm.init_distributed``) only when
   ``tp_size > 1`` needs one; a single-process engine never starts one.
 """
@@ -25,6 +25,7 @@ from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_fro
                                          shard_model)
 from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum
+from deepspeed.inference.kernel_inject import inject
 from deepspeed.inference.moe_inference import prepare_moe, shard_stacked_experts
 from deepspeed.inference.quantize import quantize_model
 from deepspeed.inference.vocab_parallel import shard_vocab
@@ -55,6 +56,12 @@ class InferenceEngine(nn.Module):
         self.checkpoint_stats = None
         if files is not None:  # after the split: each rank reads only its shards
             self.checkpoint_stats = load_into(self.module, files)
+        self.injected = None
+        if config.replace_with_kernel_inject:  # on CPU: one log line, AutoTP + SDPA
+            from deepspeed.accelerator import get_accelerator
+
+            on_gpu = get_accelerator().device_name() == "cuda" and torch.cuda.is_available()
+            self.injected = inject(self.module, on_gpu)
         self.quantized = {}
         if config.dtype is DtypeEnum.int8:
             self.quantized = quantize_model(self.module, config.quant)
@@ -66,9 +73,6 @@ class InferenceEngine(nn.Module):
 
     # ------------------------------------------------------------------ set-up
     def _check_unsupported(self, config):
-        if config.replace_with_kernel_inject:
-            logger.info("init_inference: replace_with_kernel_inject=True asks for fused GPU "
-                        "kernels, which this build does not ship; splitting with AutoTP instead")
         if config.enable_cuda_graph and config.tensor_parallel.tp_size > 1:
             raise AssertionError("CUDA graphs are not supported with tensor parallelism "
                                  "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")
