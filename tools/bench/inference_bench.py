@@ -4,20 +4,26 @@
 - plain Hugging Face ``generate`` (no DeepSpeed), one process;
 - ``deepspeed.init_inference`` with tp_size 1, one process;
 - ``deepspeed.init_inference`` with tp_size 2 on 2 gloo CPU ranks (``deepspeed.testing``'s pool;
-  embeddings and LM head split by vocabulary, blocks by AutoTP).
+  embeddings and LM head split by vocabulary, blocks by AutoTP);
+- the same, the model built with ``empty_init()`` (parameters on the meta device) and its
+  weights loaded with ``checkpoint=`` from a saved state dict: no rank ever holds the whole
+  model, which the peak RSS column shows.
 
     python tools/bench/inference_bench.py [--new_tokens 32 --prompt 16 --batch 1 --threads 1]
 
 Weight memory is the bytes of the parameters a rank holds (``sharding.parameter_bytes``), not
-an estimate; peak RSS is ``ru_maxrss`` of each process. Tokens/s: generated tokens (batch x
+an estimate; "anon RSS" is each process's private resident memory after generating (fresh
+processes for each TP 2 run; libraries included, the checkpoint's page cache not). Tokens/s: generated tokens (batch x
 new tokens) over the wall time of one ``generate`` after a warm-up call, the slowest rank for
 TP 2. Exits non-zero when TP 2's per-rank weight memory is above 0.55x TP 1's or the TP 2
 tokens differ from plain generate's. A tool, never a test: nothing in the test suite times
 anything.
 """
 import argparse
+import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +60,12 @@ def _generate(fn, ids, new_tokens):
 
 
 def _rss_mib():
+    """This process's private (anonymous) resident memory now, in MiB: the weights, the
+    activations and the libraries' heaps, not the checkpoint file's shared page-cache pages."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -63,6 +75,18 @@ def _run(tp_size, args, plain=False):
     from deepspeed.inference.sharding import parameter_bytes
 
     torch.set_num_threads(args["threads"])
+    if args.get("checkpoint"):
+        from deepspeed.inference.checkpoint import empty_init
+
+        with empty_init():
+            model = _model()
+        full = sum(p.numel() * p.element_size() for p in model.parameters())
+        engine = deepspeed.init_inference(model, dtype=torch.float, checkpoint=args["checkpoint"],
+                                          tensor_parallel={"tp_size": tp_size})
+        out, tps = _generate(engine.generate, _prompt(args), args["new_tokens"])
+        return {"tokens": out, "tps": tps, "weights": parameter_bytes(engine.module),
+                "full": full, "rss": _rss_mib(),
+                "peak": engine.checkpoint_stats["peak_param_bytes"]}
     model = _model()
     full = parameter_bytes(model)
     ids = _prompt(args)
@@ -83,16 +107,24 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     args = vars(parser.parse_args(argv))
-    from deepspeed.testing.distributed import run_distributed
+    from deepspeed.testing.distributed import DistributedPool
 
     plain = _run(1, args, plain=True)
     tp1 = _run(1, args)
-    tp2 = run_distributed(_run_tp2, world_size=2, timeout=3000, args=(args,))
+    with DistributedPool(2) as pool:  # fresh processes for each run
+        tp2 = pool.run(_run_tp2, timeout=3000, args=(args,))
+    with tempfile.TemporaryDirectory() as tmp:
+        from safetensors.torch import save_file
+
+        path = os.path.join(tmp, "model.safetensors")
+        save_file(_model().state_dict(), path)
+        with DistributedPool(2) as pool:
+            loaded = pool.run(_run_tp2, timeout=3000, args=(dict(args, checkpoint=path),))
     mib = 2 ** 20
     print(f"tiny Llama: {plain['full'] / 4 / 1e6:.1f}M parameters (fp32), batch {args['batch']}, "
           f"prompt {args['prompt']}, {args['new_tokens']} new tokens, {args['threads']} "
           f"thread(s) per process")
-    print(f"{'setup':<22}{'tokens/s':>10}{'weights/rank MiB':>18}{'peak RSS/rank MiB':>19}")
+    print(f"{'setup':<22}{'tokens/s':>10}{'weights/rank MiB':>18}{'anon RSS/rank MiB':>19}")
     print(f"{'HF generate':<22}{plain['tps']:>10.1f}{plain['weights'] / mib:>18.1f}"
           f"{plain['rss']:>19.0f}")
     print(f"{'init_inference TP 1':<22}{tp1['tps']:>10.1f}{tp1['weights'] / mib:>18.1f}"
@@ -101,8 +133,14 @@ def main(argv=None):
     heaviest = max(r["weights"] for r in tp2)
     print(f"{'init_inference TP 2':<22}{slowest:>10.1f}{heaviest / mib:>18.1f}"
           f"{max(r['rss'] for r in tp2):>19.0f}")
+    print(f"{'TP 2, checkpoint=':<22}{min(r['tps'] for r in loaded):>10.1f}"
+          f"{max(r['weights'] for r in loaded) / mib:>18.1f}"
+          f"{max(r['rss'] for r in loaded):>19.0f}")
+    print(f"checkpoint= loading: peak real parameter bytes per rank "
+          f"{max(r['peak'] for r in loaded) / mib:.1f} MiB "
+          f"({max(r['peak'] for r in loaded) / tp1['weights']:.3f} of the whole model)")
     ratio = heaviest / tp1["weights"]
-    same = all(torch.equal(r["tokens"], plain["tokens"]) for r in tp2 + [tp1])
+    same = all(torch.equal(r["tokens"], plain["tokens"]) for r in tp2 + loaded + [tp1])
     print(f"TP 2 / TP 1 per-rank weight memory: {ratio:.3f} (target <= 0.55)")
     print(f"tokens/s TP 1 / HF generate: {tp1['tps'] / plain['tps']:.2f}; "
           f"TP 2 / TP 1: {slowest / tp1['tps']:.2f}")
