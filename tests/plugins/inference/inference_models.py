@@ -62,3 +62,23 @@ def block_class(model):
 def input_ids(batch=2, length=7, seed=1):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (batch, length), generator=g)
+
+
+def logits_and_tokens(model, ids, new_tokens=5, **kwargs):
+    """``(logits, greedy tokens)`` of ``model`` (a model or an engine) for ``ids``."""
+    with torch.no_grad():
+        logits = model(ids, **kwargs).logits
+        tokens = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return logits, tokens
+
+
+def split_matches(model, ids, new_tokens=5, **init_kwargs):
+    """Run ``model``, split it with ``init_inference(dtype=float, tp_size=2, **init_kwargs)``
+    and run it again: ``(engine, max logits difference, same greedy tokens)``."""
+    import deepspeed
+
+    reference, ref_tokens = logits_and_tokens(model, ids, new_tokens)
+    engine = deepspeed.init_inference(model, dtype=torch.float, tensor_parallel={"tp_size": 2},
+                                      **init_kwargs)
+    logits, tokens = logits_and_tokens(engine, ids, new_tokens)
+    return engine, (logits - reference).abs().max().item(), torch.equal(tokens, ref_tokens)

@@ -14,7 +14,7 @@ import torch
 import deepspeed
 from deepspeed.inference.kernel_inject import FusedBiasGeLU, fuse_bias_gelu
 
-from inference_models import build, input_ids
+from inference_models import build, input_ids, split_matches
 
 HERE = Path(__file__).parent
 
@@ -50,16 +50,7 @@ def test_cpu_falls_back_with_one_log_line(caplog):
 
 def _kernel_inject_tp2():
     model, _ = build("gpt_neox")
-    ids = input_ids()
-    with torch.no_grad():
-        reference = model(ids).logits
-        ref_tokens = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    engine = deepspeed.init_inference(model, dtype=torch.float, kernel_inject=True,
-                                      tensor_parallel={"tp_size": 2})
-    with torch.no_grad():
-        diff = (engine(ids).logits - reference).abs().max().item()
-        same = torch.equal(engine.generate(ids, max_new_tokens=4, do_sample=False,
-                                           pad_token_id=0), ref_tokens)
+    _, diff, same = split_matches(model, input_ids(), new_tokens=4, kernel_inject=True)
     return diff, same
 
 
