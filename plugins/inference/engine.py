@@ -73,6 +73,15 @@ class InferenceEngine(nn.Module):
 
     # ------------------------------------------------------------------ set-up
     def _check_unsupported(self, config):
+        if config.save_mp_checkpoint_path is not None:
+            raise NotImplementedError(
+                f"save_mp_checkpoint_path={config.save_mp_checkpoint_path!r}: saving the split "
+                f"model as a checkpoint is not implemented; leave it None (checkpoint= loads "
+                f"straight into shards at any tp_size)")
+        if config.training_mp_size > 1 and config.checkpoint is not None:
+            raise NotImplementedError(
+                f"training_mp_size={config.training_mp_size}: merging model-parallel training "
+                f"checkpoints is not implemented; pass a full (consolidated) state dict")
         if config.enable_cuda_graph and config.tensor_parallel.tp_size > 1:
             raise AssertionError("CUDA graphs are not supported with tensor parallelism "
                                  "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")

@@ -103,3 +103,14 @@ def test_a_checkpoint_lacking_a_parameter_names_it(saved):
     part = f"{saved['dir']}/part_0.pt"  # half of the keys only
     with pytest.raises(ValueError, match="in none of the checkpoint files.*model\\."):
         deepspeed.init_inference(model, dtype=torch.float, checkpoint=part)
+
+
+def test_unimplemented_checkpoint_options_are_named():
+    import deepspeed
+
+    with pytest.raises(NotImplementedError, match="save_mp_checkpoint_path='out'"):
+        deepspeed.init_inference(torch.nn.Linear(2, 2), dtype=torch.float,
+                                 save_mp_checkpoint_path="out")
+    with pytest.raises(NotImplementedError, match="training_mp_size=2"):
+        deepspeed.init_inference(torch.nn.Linear(2, 2), dtype=torch.float, training_mp_size=2,
+                                 checkpoint={"type": "ds_model", "checkpoints": []})
