@@ -39,10 +39,16 @@ def _is_row_parallel(name):
     return parts[-1] == "dense" and len(parts) > 1 and parts[-2] in ROW_PARALLEL_DENSE_PARENTS
 
 
+def _moe_prefixes(module):
+    """Names (with a trailing dot) of the MoE layers (modules with ``deepspeed_moe``) inside
+    ``module``: AutoTP leaves their insides alone."""
+    return [n + "." for n, m in module.named_modules() if n and hasattr(m, "deepspeed_moe")]
+
+
 def _linears(module):
-    """The Linears of ``module`` AutoTP may split: not those inside a MoE layer (a module with
-    ``deepspeed_moe``), whose gate scores every expert and whose experts are split by expert."""
-    moe = [n + "." for n, m in module.named_modules() if n and hasattr(m, "deepspeed_moe")]
+    """The Linears of ``module`` AutoTP may split: not those inside a MoE layer, whose gate
+    scores every expert and whose experts are split by expert (``moe_inference``)."""
+    moe = _moe_prefixes(module)
     return [(name, m) for name, m in module.named_modules()
             if isinstance(m, nn.Linear) and not any(name.startswith(p) for p in moe)]
 
@@ -54,7 +60,7 @@ class AutoTP:
     def block_classes(model):
         """Classes of the modules stacked in ``nn.ModuleList``s (outermost lists first; the
         inside of a found block is not searched again)."""
-        found, skip = [], []
+        found, skip = [], _moe_prefixes(model)
         for name, module in model.named_modules():
             if any(name.startswith(prefix) for prefix in skip):
                 continue
@@ -86,6 +92,8 @@ class AutoTP:
                     f"with injection_policy={{{cls.__name__}: ('<attention output>', "
                     f"'<mlp output>')}}")
             policy.append((cls, rows))
+        if not policy and _moe_prefixes(model):
+            return policy  # only MoE layers: their experts are sliced by expert (moe_inference)
         if not policy:
             raise TensorParallelError(
                 f"AutoTP found no transformer layers in {type(model).__name__} (no nn.ModuleList "

@@ -26,7 +26,8 @@ from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_fro
 from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum
 from deepspeed.inference.kernel_inject import inject
-from deepspeed.inference.moe_inference import prepare_moe, shard_stacked_experts
+from deepspeed.inference.moe_inference import (prepare_moe, shard_stacked_experts,
+                                               slice_experts)
 from deepspeed.inference.quantize import quantize_model
 from deepspeed.inference.vocab_parallel import shard_vocab
 from deepspeed.utils import logging as ds_logging
@@ -129,7 +130,8 @@ class InferenceEngine(nn.Module):
             policy = AutoTP.tp_parser(model)
         shard_model(model, policy, tp.tp_size, rank, group)
         self.vocab_split = shard_vocab(model, tp.tp_size, rank, group)
-        self.experts_split = shard_stacked_experts(model, tp.tp_size, rank, group)
+        self.experts_split = (shard_stacked_experts(model, tp.tp_size, rank, group)
+                              + slice_experts(model, tp.tp_size, rank, group))
         self.mp_group = group
         self.mp_world_size = tp.tp_size
         self.policy = policy

@@ -8,8 +8,10 @@ Two kinds of MoE model meet here:
   every layer build its groups (``MoE.set_deepspeed_parallelism``, public). Each rank's local
   experts are named in checkpoints by their global id (the layout of a state dict saved at
   ``ep_size=1``), so ``checkpoint=`` loads a full state dict into any ``ep_size``. AutoTP leaves
-  the inside of these layers alone (the gate must score every expert; the experts are split by
-  expert, not by tensor). Without the ``moe`` plugin, ``moe.ep_size > 1`` is a clear error.
+  the inside of these layers alone (the gate must score every expert). With ``ep_size=1`` and
+  ``tp_size > 1`` (fewer experts than ranks) each expert is sliced over the tensor-parallel
+  group instead (expert slicing: its first Linears by columns, its last by rows with an
+  all-reduce). Without the ``moe`` plugin, ``moe.ep_size > 1`` is a clear error.
 - Hugging Face sparse-MoE blocks whose experts are stacked 3-D weights (Mixtral's
   ``gate_up_proj [experts, 2 * inter, hidden]`` and ``down_proj [experts, hidden, inter]``):
   under AutoTP every expert is sliced along its intermediate size (expert slicing) and the
@@ -93,6 +95,29 @@ def _name_experts_globally(name, layer):
     for i, expert in enumerate(experts):
         for pname, p in expert.named_parameters():
             setattr(p, CHECKPOINT_KEY, f"{prefix}{ep_rank * local + i}.{pname}")
+
+
+def slice_experts(model, tp_size, rank, group):
+    """Expert slicing of the ``ep_size=1`` MoE layers: in every expert, all Linears but the
+    last split by output features, the last by input features (``LinearAllreduce``). An
+    expert whose Linears do not read and write the hidden size stays whole. Returns the names
+    of the experts sliced."""
+    from deepspeed.inference.auto_tp import shard_block
+
+    sliced = []
+    for name, layer in moe_layers(model):
+        if layer.ep_size != 1:
+            continue
+        for i, expert in enumerate(layer.deepspeed_moe.experts.deepspeed_experts):
+            linears = [(n, m) for n, m in expert.named_modules()
+                       if isinstance(m, torch.nn.Linear)]
+            if (len(linears) < 2 or linears[0][1].in_features != layer.hidden_size
+                    or linears[-1][1].out_features != layer.hidden_size):
+                continue
+            where = f"{name}.deepspeed_moe.experts.deepspeed_experts.{i}"
+            shard_block(expert, (linears[-1][0],), tp_size, rank, group, where=where)
+            sliced.append(where)
+    return sliced
 
 
 def _is_stacked_experts(module):

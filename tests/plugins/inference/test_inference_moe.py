@@ -2,6 +2,8 @@
 
 - Hugging Face Mixtral (stacked expert weights): AutoTP slices every expert in half and the
   logits / greedy tokens equal the single-process model.
+- one ``deepspeed.moe.layer.MoE`` expert on 2 ranks (``tp_size=2``): the expert is sliced,
+  the output unchanged;
 - ``deepspeed.moe.layer.MoE`` layers with ``ep_size=2``: ``init_inference(moe={"ep_size": 2,
   "moe_experts": [4]}, checkpoint=...)`` loads each rank's two experts out of a full
   (``ep_size=1``) state dict, and every rank's output (its own input) equals the ``ep_size=1``
@@ -32,14 +34,14 @@ def test_mixtral_experts_sliced_over_tp2(dist_pool):
 class MoENet(torch.nn.Module):
     """embedding -> MoE(4 experts, top-1) -> head, the tutorial's shape in miniature."""
 
-    def __init__(self, ep_size):
+    def __init__(self, ep_size, num_experts=4):
         super().__init__()
         from deepspeed.moe.layer import MoE
 
         self.embed = torch.nn.Embedding(32, 16)
         expert = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU(),
                                      torch.nn.Linear(24, 16))
-        self.moe = MoE(16, expert, num_experts=4, ep_size=ep_size, k=1,
+        self.moe = MoE(16, expert, num_experts=num_experts, ep_size=ep_size, k=1,
                        eval_capacity_factor=8.0)
         self.head = torch.nn.Linear(16, 32)
 
@@ -75,6 +77,30 @@ def test_deepspeed_moe_expert_parallel_from_full_checkpoint(dist_pool, tmp_path)
     results = dist_pool.run(_moe_expert_parallel, world_size=2, args=(str(tmp_path / "moe.pt"),))
     for diff, layers, local in results:
         assert diff <= 1e-5 and layers == ["moe"] and local == 2
+
+
+def _expert_slicing():
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = MoENet(ep_size=1, num_experts=1).eval()
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = model(ids)
+    engine = deepspeed.init_inference(model, dtype=torch.float, tensor_parallel={"tp_size": 2})
+    expert = model.moe.deepspeed_moe.experts.deepspeed_experts[0]
+    with torch.no_grad():
+        diff = (engine(ids) - reference).abs().max().item()
+    return (diff, engine.experts_split, tuple(expert[0].weight.shape),
+            tuple(expert[2].weight.shape), tuple(model.moe.deepspeed_moe.gate.wg.weight.shape))
+
+
+def test_one_expert_on_two_ranks_is_sliced(dist_pool):
+    for diff, split, first, last, gate in dist_pool.run(_expert_slicing, world_size=2):
+        assert diff <= 1e-5
+        assert split == ["moe.deepspeed_moe.experts.deepspeed_experts.0"]
+        assert first == (12, 16) and last == (16, 12)  # 24 hidden units: 12 per rank
+        assert gate == (1, 16)  # the gate stays whole
 
 
 def _moe_errors(case):
