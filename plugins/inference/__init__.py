@@ -3,7 +3,10 @@
 ``deepspeed.init_inference`` (core) reaches this package only through the
 ``deepspeed_init_inference`` hook. ``config`` holds ``DeepSpeedInferenceConfig``, ``engine`` the
 ``InferenceEngine``, ``auto_tp`` the policy detection and sharding, ``layers`` the two
-tensor-parallel Linear layers; ``deepspeed.module_inject`` re-exports the last two under their
+tensor-parallel Linear layers, ``vocab_parallel`` the split embedding and LM head, ``sharding``
+how a rank's slice is chosen, ``checkpoint`` ``checkpoint=`` loading into shards, ``quantize``
+weight-only int8, ``moe_inference`` the ``moe`` settings and expert slicing, ``kernel_inject``
+the fused path; ``deepspeed.module_inject`` re-exports AutoTP and the layers under their
 upstream paths."""
 from deepspeed.inference.config import DeepSpeedInferenceConfig
 from deepspeed.inference.engine import InferenceEngine

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from deepspeed.inference.layers import LinearAllreduce, LinearLayer
+from deepspeed.inference.sharding import mark, narrow_fn, take_shard
 
 ROW_PARALLEL_NAMES = ("o_proj", "out_proj", "down_proj", "fc2", "wo", "o", "dense_4h_to_h", "w2")
 ROW_PARALLEL_DENSE_PARENTS = ("output", "attention", "self_attention", "attn", "self_attn")
@@ -38,8 +39,18 @@ def _is_row_parallel(name):
     return parts[-1] == "dense" and len(parts) > 1 and parts[-2] in ROW_PARALLEL_DENSE_PARENTS
 
 
+def _moe_prefixes(module):
+    """Names (with a trailing dot) of the MoE layers (modules with ``deepspeed_moe``) inside
+    ``module``: AutoTP leaves their insides alone."""
+    return [n + "." for n, m in module.named_modules() if n and hasattr(m, "deepspeed_moe")]
+
+
 def _linears(module):
-    return [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    """The Linears of ``module`` AutoTP may split: not those inside a MoE layer, whose gate
+    scores every expert and whose experts are split by expert (``moe_inference``)."""
+    moe = _moe_prefixes(module)
+    return [(name, m) for name, m in module.named_modules()
+            if isinstance(m, nn.Linear) and not any(name.startswith(p) for p in moe)]
 
 
 class AutoTP:
@@ -49,7 +60,7 @@ class AutoTP:
     def block_classes(model):
         """Classes of the modules stacked in ``nn.ModuleList``s (outermost lists first; the
         inside of a found block is not searched again)."""
-        found, skip = [], []
+        found, skip = [], _moe_prefixes(model)
         for name, module in model.named_modules():
             if any(name.startswith(prefix) for prefix in skip):
                 continue
@@ -69,8 +80,11 @@ class AutoTP:
         policy = []
         classes = AutoTP.block_classes(model)
         for cls in classes:
-            block = next(m for m in model.modules() if type(m) is cls)
-            rows = tuple(name for name, _ in _linears(block) if _is_row_parallel(name))
+            # every instance: T5's decoder blocks hold a cross-attention its encoder blocks lack
+            blocks = [m for m in model.modules() if type(m) is cls]
+            rows = tuple(dict.fromkeys(name for b in blocks for name, _ in _linears(b)
+                                       if _is_row_parallel(name)))
+            block = blocks[0]
             if not rows:
                 raise TensorParallelError(
                     f"AutoTP found no Linear writing into the residual stream in "
@@ -78,6 +92,8 @@ class AutoTP:
                     f"with injection_policy={{{cls.__name__}: ('<attention output>', "
                     f"'<mlp output>')}}")
             policy.append((cls, rows))
+        if not policy and _moe_prefixes(model):
+            return policy  # only MoE layers: their experts are sliced by expert (moe_inference)
         if not policy:
             raise TensorParallelError(
                 f"AutoTP found no transformer layers in {type(model).__name__} (no nn.ModuleList "
@@ -107,9 +123,24 @@ def _matches(name, names):
     return any(name == n or name.endswith("." + n) for n in names)
 
 
-def _slice(tensor, dim, rank, tp_size):
-    size = tensor.shape[dim] // tp_size
-    return tensor.narrow(dim, rank * size, size).clone().detach()
+def _sliced(tensor, dim, rank, tp_size):
+    """``rank``'s slice along ``dim`` (uneven when ``tp_size`` does not divide it) and the
+    function that cuts it, kept on the new parameter for checkpoint loading."""
+    take = narrow_fn(dim, tp_size, rank)
+    return take_shard(tensor, take), take
+
+
+def _head_embeddings(block):
+    """``(owner, name, embedding)`` for each ``nn.Embedding`` with one column per head of the
+    attention module holding it (T5's ``relative_attention_bias``)."""
+    found = []
+    for sub in block.modules():
+        heads = [getattr(sub, a) for a in ("n_heads", "num_heads", "num_attention_heads")
+                 if isinstance(getattr(sub, a, None), int)]
+        for name, child in sub.named_children():
+            if type(child) is nn.Embedding and heads and child.embedding_dim == heads[0]:
+                found.append((sub, name, child))
+    return found
 
 
 def _check_divisible(what, value, tp_size, where):
@@ -144,18 +175,27 @@ def shard_block(block, row_names, tp_size, rank, group, where="block"):
             value = getattr(config, attr, None)
             if isinstance(value, int) and not isinstance(value, bool):
                 _check_divisible(attr, value, tp_size, f"{where}.{name} config".replace(". ", " "))
-    for name, linear in linears:
-        row = _matches(name, row_names)
-        dim = linear.in_features if row else linear.out_features
-        _check_divisible("in_features" if row else "out_features", dim, tp_size, f"{where}.{name}")
+    # a Linear size tp_size does not divide (an MLP width) is split unevenly: the head counts
+    # checked above keep the attention projections even
+    for owner, attr, emb in _head_embeddings(block):  # per-head bias tables: split by heads
+        weight, take = _sliced(emb.weight.data, 1, rank, tp_size)
+        new = nn.Embedding(emb.num_embeddings, weight.shape[1], _weight=weight, _freeze=True)
+        mark(new.weight, take)
+        setattr(owner, attr, new)
     for name, linear in linears:
         weight, bias = linear.weight.data, linear.bias
         if _matches(name, row_names):
-            new = LinearAllreduce(_slice(weight, 1, rank, tp_size),
-                                  None if bias is None else bias.data.clone().detach(), group)
+            shard, take = _sliced(weight, 1, rank, tp_size)
+            new = LinearAllreduce(shard, None if bias is None else bias.data.clone().detach(),
+                                  group)
+            mark(new.weight, take)
         else:
-            new = LinearLayer(weight=_slice(weight, 0, rank, tp_size),
-                              bias=None if bias is None else _slice(bias.data, 0, rank, tp_size))
+            shard, take = _sliced(weight, 0, rank, tp_size)
+            new = LinearLayer(weight=shard, bias=None if bias is None else
+                              _sliced(bias.data, 0, rank, tp_size)[0])
+            mark(new.weight, take)
+            if new.bias is not None:
+                mark(new.bias, take)
         _set(block, name, new)
     for sub in block.modules():
         for attr in HEAD_ATTRIBUTES:

@@ -4,15 +4,16 @@ It converts the model to the configured dtype, splits it over the tensor-paralle
 (AutoTP, or the user's ``injection_policy``), and then runs it: ``engine(...)`` is
 ``engine.module(...)``, ``engine.generate(...)`` is the module's ``generate``.
 
-Policies of this build (no fused inference kernels, no CUDA graphs on CPU):
+Policies of this build (no CUDA graphs on CPU):
 
 - dtype: the documented default is fp16. On the CPU accelerator (or one without fp16 support)
   the *default* fp16 keeps the model's own dtype and logs one line saying so, so that
   ``init_inference(model)`` followed by ``engine(fp32 inputs)`` works as on upstream's GPUs; an
-  fp16 the caller asked for explicitly is honoured (torch runs fp16 on CPU, slowly). ``torch.int8`` needs the
-  quantized GPU kernels and is a clear error.
-- ``replace_with_kernel_inject=True``: the fused kernels are GPU-only and not part of this build;
-  the model is split with AutoTP instead (one log line), which computes the same outputs.
+  fp16 the caller asked for explicitly is honoured (torch runs fp16 on CPU, slowly).
+  ``torch.int8`` is weight-only int8 (``deepspeed.inference.quantize``): the model computes in
+  its own float dtype, its Linear weights are stored as int8 with per-group scales.
+- ``replace_with_kernel_inject=True``: SDPA attention and, on GPU, fused bias-GeLU
+  (``deepspeed.inference.kernel_inject``); on CPU AutoTP + SDPA with one log line.
 - distributed: a process group is started (``deepspeed.comm.init_distributed``) only when
   ``tp_size > 1`` needs one; a single-process engine never starts one.
 """
@@ -22,7 +23,13 @@ from torch import nn
 from deepspeed import comm as dist
 from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_from_injection,
                                          shard_model)
+from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum
+from deepspeed.inference.kernel_inject import inject
+from deepspeed.inference.moe_inference import (prepare_moe, shard_stacked_experts,
+                                               slice_experts)
+from deepspeed.inference.quantize import quantize_model
+from deepspeed.inference.vocab_parallel import shard_vocab
 from deepspeed.utils import logging as ds_logging
 
 logger = ds_logging.logger
@@ -39,10 +46,26 @@ class InferenceEngine(nn.Module):
         self.mp_group = None
         self.mp_world_size = 1
         self._check_unsupported(config)
+        files = None  # named files are checked before anything changes
+        if config.checkpoint is not None:
+            files = checkpoint_files(config.checkpoint, config.base_dir)
         self._convert_dtype(config, explicit)
         tp = config.tensor_parallel
         if tp.enabled and tp.tp_size > 1:
             self._split(model, config)
+        self.moe_layers = prepare_moe(model, config.moe) if config.moe else []
+        self.checkpoint_stats = None
+        if files is not None:  # after the split: each rank reads only its shards
+            self.checkpoint_stats = load_into(self.module, files)
+        self.injected = None
+        if config.replace_with_kernel_inject:  # on CPU: one log line, AutoTP + SDPA
+            from deepspeed.accelerator import get_accelerator
+
+            on_gpu = get_accelerator().device_name() == "cuda" and torch.cuda.is_available()
+            self.injected = inject(self.module, on_gpu)
+        self.quantized = {}
+        if config.dtype is DtypeEnum.int8:
+            self.quantized = quantize_model(self.module, config.quant)
         self.module.eval()
 
     @property
@@ -51,24 +74,25 @@ class InferenceEngine(nn.Module):
 
     # ------------------------------------------------------------------ set-up
     def _check_unsupported(self, config):
-        if config.replace_with_kernel_inject:
-            logger.info("init_inference: replace_with_kernel_inject=True asks for fused GPU "
-                        "kernels, which this build does not ship; splitting with AutoTP instead")
+        if config.save_mp_checkpoint_path is not None:
+            raise NotImplementedError(
+                f"save_mp_checkpoint_path={config.save_mp_checkpoint_path!r}: saving the split "
+                f"model as a checkpoint is not implemented; leave it None (checkpoint= loads "
+                f"straight into shards at any tp_size)")
+        if config.training_mp_size > 1 and config.checkpoint is not None:
+            raise NotImplementedError(
+                f"training_mp_size={config.training_mp_size}: merging model-parallel training "
+                f"checkpoints is not implemented; pass a full (consolidated) state dict")
         if config.enable_cuda_graph and config.tensor_parallel.tp_size > 1:
             raise AssertionError("CUDA graphs are not supported with tensor parallelism "
                                  "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")
-        if config.checkpoint is not None:
-            raise NotImplementedError("init_inference(checkpoint=...) is not implemented in this "
-                                      "build; load the weights into the model before the call")
 
     def _convert_dtype(self, config, explicit):
         from deepspeed.accelerator import get_accelerator
 
         dtype = config.dtype
-        if dtype is DtypeEnum.int8:
-            raise NotImplementedError("dtype=torch.int8 needs the quantized inference kernels "
-                                      "(GPU-only), which this build does not ship; use "
-                                      "torch.float, torch.bfloat16 or torch.half")
+        if dtype is DtypeEnum.int8:  # weight-only: computes in the model's float dtype
+            return
         accel = get_accelerator()
         if dtype is DtypeEnum.fp16 and "dtype" not in explicit \
                 and (accel.device_name() == "cpu" or not accel.is_fp16_supported()):
@@ -105,6 +129,9 @@ class InferenceEngine(nn.Module):
         else:
             policy = AutoTP.tp_parser(model)
         shard_model(model, policy, tp.tp_size, rank, group)
+        self.vocab_split = shard_vocab(model, tp.tp_size, rank, group)
+        self.experts_split = (shard_stacked_experts(model, tp.tp_size, rank, group)
+                              + slice_experts(model, tp.tp_size, rank, group))
         self.mp_group = group
         self.mp_world_size = tp.tp_size
         self.policy = policy

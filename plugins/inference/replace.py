@@ -1,5 +1,5 @@
-"""``replace_transformer_layer``: upstream's module-replacement entry point, here the
-tensor-slicing half only (fused kernel layers are GPU-only and not part of this build)."""
+"""``replace_transformer_layer``: upstream's module-replacement entry point: AutoTP's tensor
+slicing, then with ``replace_with_kernel_inject`` the fused path of ``kernel_inject``."""
 from deepspeed.inference.auto_tp import AutoTP, policy_from_injection, shard_model
 
 
@@ -13,12 +13,9 @@ def replace_transformer_layer(orig_layer_impl, model, checkpoint_dict=None, conf
 
     if config is None:
         raise ValueError("replace_transformer_layer needs config (a DeepSpeedInferenceConfig)")
-    if config.replace_with_kernel_inject:
-        raise NotImplementedError("kernel injection (fused GPU layers) is not part of this "
-                                  "build; use replace_with_kernel_inject=False (AutoTP)")
     tp = config.tensor_parallel
     if tp.tp_size == 1:
-        return model
+        return _inject(model, config)
     if config.injection_policy:
         policy = policy_from_injection(config.injection_policy)
     elif orig_layer_impl is not None and config.injection_policy_tuple:
@@ -28,4 +25,16 @@ def replace_transformer_layer(orig_layer_impl, model, checkpoint_dict=None, conf
     group = tp.tp_group
     rank = dist.get_rank(group=group) if group is not None else dist.get_rank() % tp.tp_size
     shard_model(model, policy, tp.tp_size, rank, group)
+    return _inject(model, config)
+
+
+def _inject(model, config):
+    """The fused path of ``replace_with_kernel_inject`` (CPU: SDPA only, one log line)."""
+    if config.replace_with_kernel_inject:
+        import torch
+
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.inference.kernel_inject import inject
+
+        inject(model, get_accelerator().device_name() == "cuda" and torch.cuda.is_available())
     return model

@@ -117,8 +117,8 @@ def test_explicit_dtypes_convert_and_kwargs_reach_the_module():
     assert engine.module.lin.weight.dtype is torch.bfloat16
     engine = deepspeed.init_inference(Scaled(), dtype="fp16")  # asked for: honoured
     assert engine.module.lin.weight.dtype is torch.float16
-    with pytest.raises(NotImplementedError, match="int8"):
-        deepspeed.init_inference(Scaled(), dtype=torch.int8)
+    engine = deepspeed.init_inference(Scaled(), dtype=torch.int8)  # weight-only int8
+    assert engine.module.lin.parametrizations.weight.original0.dtype is torch.int8
 
 
 def test_generate_passthrough_and_max_out_tokens():

@@ -1,0 +1,205 @@
+"""``init_inference(checkpoint=...)``: load weights straight into this rank's shards.
+
+``checkpoint`` is one of
+
+- a JSON descriptor (a path, or the same dict): ``{"type": "ds_model", "version": 0.0,
+  "checkpoints": [file, ...] | "file or directory", "base_dir": optional}``; relative paths
+  are taken from ``base_dir`` (the descriptor's, else ``init_inference(base_dir=...)``, else the
+  JSON file's directory);
+- a Hugging Face index (``model.safetensors.index.json`` / ``pytorch_model.bin.index.json``);
+- a directory (its ``*.safetensors``, else ``*.bin`` / ``*.pt`` files) or a single file.
+
+Each file is a (possibly partial: sharded) state dict, optionally under a ``"module"`` key as
+DeepSpeed's ``mp_rank_00_model_states.pt`` holds it; ``.pt`` / ``.bin`` files are memory-mapped
+and safetensors files read one tensor at a time, so a rank reads each tensor, keeps the slice
+AutoTP cut for it (``sharding.shard_of``) and drops the rest. Build the model with
+``empty_init()`` (parameters on the meta device, buffers real) and no rank ever holds the whole
+model: the loader materialises each parameter at its shard size as its tensor arrives, and
+records the peak of real parameter bytes it saw (``peak_param_bytes``).
+
+Missing files are one ``FileNotFoundError`` naming all of them; a parameter left on the meta
+device after the last file is an error naming its key.
+"""
+import contextlib
+import glob
+import json
+import os
+
+import torch
+from torch import nn
+
+from deepspeed.inference.sharding import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
+from deepspeed.utils import logging as ds_logging
+
+logger = ds_logging.logger
+
+SUPPORTED_TYPES = ("ds_model",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model; the message names the key or file."""
+
+
+@contextlib.contextmanager
+def empty_init():
+    """Build modules with their parameters on the meta device (no storage) and their buffers
+    real (rotary tables and masks are computed at construction and are not in checkpoints)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def checkpoint_files(checkpoint, base_dir=""):
+    """The list of state-dict files ``checkpoint`` names (see the module docstring)."""
+    where = "checkpoint"
+    if isinstance(checkpoint, (str, os.PathLike)):
+        path = os.fspath(checkpoint)
+        if os.path.isdir(path):
+            return _files_in(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+        if not path.endswith(".json"):
+            return [path]
+        with open(path) as handle:
+            descriptor = json.load(handle)
+        where, base_dir = path, base_dir or os.path.dirname(path)
+        if "weight_map" in descriptor:  # a Hugging Face index
+            names = list(dict.fromkeys(descriptor["weight_map"].values()))
+            return _existing([os.path.join(os.path.dirname(path), n) for n in names], where)
+    elif isinstance(checkpoint, dict):
+        descriptor = checkpoint
+    else:
+        raise CheckpointError(f"checkpoint must be a path or a descriptor dict, got "
+                              f"{type(checkpoint).__name__}")
+    kind = descriptor.get("type", "ds_model")
+    if kind not in SUPPORTED_TYPES:
+        raise CheckpointError(f"checkpoint type {kind!r} in {where} is not supported; supported "
+                              f"types: {', '.join(SUPPORTED_TYPES)} (state dicts by file name)")
+    if "checkpoints" not in descriptor:
+        raise CheckpointError(f"checkpoint descriptor {where} has no 'checkpoints' entry (a list "
+                              f"of state-dict files, or one file or directory)")
+    base_dir = descriptor.get("base_dir") or base_dir
+    listed = descriptor["checkpoints"]
+    if isinstance(listed, str):
+        full = os.path.join(base_dir, listed)
+        return _files_in(full) if os.path.isdir(full) else _existing([full], where)
+    return _existing([os.path.join(base_dir, f) for f in listed], where)
+
+
+def _files_in(directory):
+    for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth"):
+        found = sorted(glob.glob(os.path.join(directory, pattern)))
+        if found:
+            return found
+    raise FileNotFoundError(f"checkpoint directory {directory!r} holds no *.safetensors, *.bin, "
+                            f"*.pt or *.pth file")
+
+
+def _existing(files, where):
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} of the {len(files)} checkpoint files listed in "
+                                f"{where} are missing: {', '.join(missing)}")
+    return files
+
+
+def _tensors(path):
+    """``(key, tensor)`` pairs of one file, read lazily where the format allows it."""
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as handle:
+            for key in handle.keys():
+                yield key, handle.get_tensor(key)
+        return
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    for wrapper in ("module", "state_dict", "model"):
+        if isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+            break
+    yield from state.items()
+
+
+def _owners(model):
+    """``{key: (tensor, [(module, attribute), ...])}`` of every parameter and persistent
+    buffer, tied ones listed under each of their keys with all their owners."""
+    by_id, keys = {}, {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        prefix = mname + "." if mname else ""
+        for attr, p in module._parameters.items():
+            if p is not None:
+                by_id.setdefault(id(p), []).append((module, attr))
+                keys[getattr(p, CHECKPOINT_KEY, prefix + attr)] = p
+        for attr, b in module._buffers.items():
+            if b is not None and attr not in module._non_persistent_buffers_set:
+                by_id.setdefault(id(b), []).append((module, attr))
+                keys[prefix + attr] = b
+    return {k: (t, by_id[id(t)]) for k, t in keys.items()}
+
+
+def load_into(model, files):
+    """Copy ``files`` into ``model`` (already split) shard by shard; returns
+    ``{"files", "loaded", "peak_param_bytes", "kept"}``."""
+    owners = _owners(model)
+    done, peak = set(), parameter_bytes(model)
+    for path in files:
+        for key, full in _tensors(path):
+            if key not in owners:
+                continue
+            tensor, places = owners[key]
+            if id(tensor) in done:
+                continue
+            shard = shard_of(tensor, full)
+            if tuple(shard.shape) != tuple(tensor.shape):
+                raise CheckpointError(f"checkpoint tensor {key!r} in {path} has shape "
+                                      f"{tuple(full.shape)}; this rank's part of it is "
+                                      f"{tuple(shard.shape)} but the model expects "
+                                      f"{tuple(tensor.shape)}")
+            if tensor.device.type == "meta":
+                new = shard.to(tensor.dtype).clone()
+                if isinstance(tensor, nn.Parameter):
+                    new = nn.Parameter(new, requires_grad=False)
+                    for attr in (SHARD_FN, CHECKPOINT_KEY):
+                        if hasattr(tensor, attr):
+                            setattr(new, attr, getattr(tensor, attr))
+                for module, attr in places:
+                    store = module._parameters if attr in module._parameters else module._buffers
+                    store[attr] = new
+                for other in owners:  # tied keys see the new tensor too
+                    if owners[other][0] is tensor:
+                        owners[other] = (new, places)
+                done.add(id(new))
+            else:
+                with torch.no_grad():
+                    tensor.copy_(shard)
+            done.add(id(tensor))
+            del full, shard
+        peak = max(peak, parameter_bytes(model))
+    left = sorted(k for k, (t, _) in owners.items() if t.device.type == "meta")
+    if left:
+        raise CheckpointError(f"{len(left)} parameters were in none of the checkpoint files "
+                              f"({', '.join(files)}): {', '.join(left[:10])}"
+                              f"{' ...' if len(left) > 10 else ''}")
+    meta = [n for n, b in model.named_buffers() if b.device.type == "meta"]
+    if meta:
+        raise CheckpointError(f"buffers {', '.join(meta[:10])} are on the meta device and not in "
+                              f"the checkpoint; build the model under "
+                              f"deepspeed.inference.checkpoint.empty_init(), which keeps buffers "
+                              f"real")
+    kept = sorted(k for k, (t, _) in owners.items() if id(t) not in done)
+    if kept:
+        logger.info(f"init_inference: {len(kept)} tensors not in the checkpoint keep their "
+                    f"values: {', '.join(kept[:5])}{' ...' if len(kept) > 5 else ''}")
+    return {"files": len(files), "loaded": len(done), "peak_param_bytes": peak, "kept": kept}

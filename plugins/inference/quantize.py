@@ -1,0 +1,123 @@
+"""Weight-only int8 inference (``init_inference(dtype=torch.int8)``).
+
+Every Linear-like layer (``nn.Linear``, AutoTP's ``LinearLayer`` / ``LinearAllreduce``, the
+vocabulary-parallel LM head) keeps its weight as int8 codes plus one fp32 scale per group, and
+dequantizes it when its forward reads ``weight`` (a ``torch.nn.utils.parametrize``
+parametrization, so the layers' own forwards are unchanged). Activations, biases, norms and
+embeddings stay in the compute dtype (the model's float dtype). A weight shared with another
+module (a LM head tied to the embedding) stays float.
+
+Groups: each output row is cut into ``q_groups`` equal groups of input weights
+(``quant.weight.q_groups``; the default 1 is one scale per row). Symmetric (the default):
+``code = round(w / s)`` with ``s = max|w| / 127`` per group, so ``|w - s*code| <= s / 2`` and a
+layer's output error is at most ``sum_j |x_j| * s_group(i, j) / 2`` per output ``i``
+(``output_error_bound``). Asymmetric adds a per-group zero point (``s = (max - min) / 255``).
+Weights take a quarter of their fp32 bytes (plus 4 bytes of scale per group).
+"""
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from deepspeed.inference.layers import LinearAllreduce, LinearLayer
+from deepspeed.inference.vocab_parallel import VocabParallelLMHead
+
+QUANTIZABLE = (nn.Linear, LinearLayer, LinearAllreduce, VocabParallelLMHead)
+
+
+def _grouped(weight, q_groups):
+    out, inp = weight.shape
+    return weight.reshape(out, q_groups, inp // q_groups)
+
+
+def quantize(weight, q_groups=1, symmetric=True):
+    """``(int8 codes shaped like weight, scales [out, q_groups], zero points or None)``."""
+    g = _grouped(weight.detach().float(), q_groups)
+    if symmetric:
+        scale = g.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127.0
+        codes = torch.round(g / scale).clamp(-127, 127)
+        zero = None
+    else:
+        low, high = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+        scale = (high - low).clamp(min=1e-12) / 255.0
+        zero = torch.round(-low / scale) - 128  # code of 0.0, so w = (code - zero) * scale
+        codes = torch.round(g / scale + zero).clamp(-128, 127)
+        zero = zero.squeeze(-1)
+    return codes.to(torch.int8).reshape(weight.shape), scale.squeeze(-1), zero
+
+
+def dequantize(codes, scale, zero=None, dtype=torch.float32):
+    g = _grouped(codes, scale.shape[1]).float()
+    if zero is not None:
+        g = g - zero.unsqueeze(-1)
+    return (g * scale.unsqueeze(-1)).reshape(codes.shape).to(dtype)
+
+
+class Int8Weight(nn.Module):
+    """The parametrization: ``right_inverse`` turns the float weight into ``(int8 codes,
+    scales[, zero points])`` once (kept by the parametrization as ``original0``,
+    ``original1``, ...), ``forward`` turns them back into a weight on every read."""
+
+    def __init__(self, q_groups=1, symmetric=True, dtype=torch.float32):
+        super().__init__()
+        self.q_groups, self.symmetric, self.dtype = q_groups, symmetric, dtype
+
+    def right_inverse(self, weight):
+        codes, scale, zero = quantize(weight, self.q_groups, self.symmetric)
+        return (codes, scale) if zero is None else (codes, scale, zero)
+
+    def forward(self, codes, scale, zero=None):
+        return dequantize(codes, scale, zero, self.dtype)
+
+
+def int8_parts(module):
+    """``(codes, scales, zero points or None)`` of a quantized layer, else None."""
+    p = getattr(getattr(module, "parametrizations", None), "weight", None)
+    if p is None or not isinstance(p[0], Int8Weight):
+        return None
+    return p.original0, p.original1, getattr(p, "original2", None)
+
+
+def output_error_bound(x, scale):
+    """The largest possible ``|y - y_int8|`` of a symmetric layer per output, for input ``x``
+    (``[..., in]``) and the layer's scales ``[out, q_groups]``."""
+    groups = scale.shape[1]
+    xs = x.abs().reshape(*x.shape[:-1], groups, x.shape[-1] // groups).sum(-1)  # [..., groups]
+    return (xs.unsqueeze(-2) * scale).sum(-1) / 2  # [..., out]
+
+
+def _check(quant):
+    weight = quant.weight
+    if weight.num_bits != 8:
+        raise ValueError(f"quant.weight.num_bits={weight.num_bits} is not supported by "
+                         f"dtype=torch.int8 (weight-only int8 needs 8)")
+    if weight.q_groups < 1:
+        raise ValueError(f"quant.weight.q_groups={weight.q_groups} must be >= 1")
+
+
+def quantize_model(model, quant):
+    """Quantize ``model``'s Linear-like layers in place as ``quant`` (``QuantizationConfig``)
+    says; returns ``{name: (fp32 bytes before, int8 bytes + scale bytes after)}``."""
+    _check(quant)
+    q_groups = quant.weight.q_groups
+    symmetric = quant.weight.q_type.value == "symmetric"
+    owners = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    counted = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, QUANTIZABLE) or parametrize.is_parametrized(module):
+            continue
+        weight = module.weight
+        if weight.dim() != 2 or not weight.is_floating_point() or owners[id(weight)] > 1:
+            continue
+        if weight.shape[1] % q_groups:
+            raise ValueError(f"quant.weight.q_groups={q_groups} does not divide the "
+                             f"{weight.shape[1]} input features of {name}; choose a divisor")
+        before = weight.numel() * 4
+        weight.requires_grad_(False)  # an int8 parameter cannot require grad
+        parametrize.register_parametrization(
+            module, "weight", Int8Weight(q_groups, symmetric, weight.dtype), unsafe=True)
+        after = sum(t.numel() * t.element_size() for t in int8_parts(module) if t is not None)
+        counted[name] = (before, after)
+    return counted

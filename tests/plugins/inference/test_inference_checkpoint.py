@@ -1,0 +1,116 @@
+"""``init_inference(checkpoint=...)``: a JSON descriptor listing sharded state-dict files, a
+Hugging Face ``save_pretrained`` directory (sharded safetensors with an index) and a DeepSpeed
+``{"module": ...}`` file load into a model built with its parameters on the meta device; on 2
+ranks each rank materialises only its shards (peak real parameter bytes about half the model)
+and the logits equal the single-process model; missing files are named in the error."""
+import json
+
+import pytest
+import torch
+
+from inference_models import build, input_ids
+
+
+def _save_sharded(model, directory):
+    """The state dict in two files (alternate keys), plus the tutorial's JSON descriptor."""
+    state = model.state_dict()
+    keys = list(state)
+    names = []
+    for i, part in enumerate((keys[0::2], keys[1::2])):
+        names.append(f"part_{i}.pt")
+        torch.save({k: state[k].clone() for k in part}, directory / names[-1])
+    descriptor = directory / "checkpoint.json"
+    descriptor.write_text(json.dumps({"type": "ds_model", "version": 0.0, "checkpoints": names}))
+    return str(descriptor)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("inference_ckpt")
+    llama, _ = build("llama", seed=7)
+    descriptor = _save_sharded(llama, directory)
+    t5, _ = build("t5", seed=7)
+    (directory / "t5").mkdir()
+    t5.save_pretrained(directory / "t5", max_shard_size="20KB")  # several safetensors + index
+    torch.save({"module": llama.state_dict()}, directory / "mp_rank_00_model_states.pt")
+    return {"llama": descriptor, "t5": str(directory / "t5"),
+            "ds": str(directory / "mp_rank_00_model_states.pt"), "dir": str(directory)}
+
+
+def _load_split(name, checkpoint, tp_size, descriptor_dict=False):
+    import transformers as tf
+    import deepspeed
+    from deepspeed.inference.checkpoint import empty_init
+    from deepspeed.inference.sharding import parameter_bytes
+
+    reference, _ = build(name, seed=7)
+    full_bytes = parameter_bytes(reference)
+    ids = input_ids()
+    kwargs = {"decoder_input_ids": input_ids(length=5, seed=2)} if name == "t5" else {}
+    with torch.no_grad():
+        want = reference(ids, **kwargs).logits
+    with empty_init():
+        model, _ = build(name, seed=123)  # other random weights: all must come from the files
+    assert parameter_bytes(model) == 0
+    if descriptor_dict:
+        with open(checkpoint) as handle:
+            checkpoint = dict(json.load(handle), base_dir=str(__import__("os").path.dirname(checkpoint)))
+    engine = deepspeed.init_inference(model, dtype=torch.float, checkpoint=checkpoint,
+                                      tensor_parallel={"tp_size": tp_size})
+    with torch.no_grad():
+        got = engine(ids, **kwargs).logits
+    stats = engine.checkpoint_stats
+    return ((got - want).abs().max().item(), stats["peak_param_bytes"] / full_bytes,
+            parameter_bytes(engine.module) / full_bytes, stats["files"])
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_tp2_loads_only_its_shards(dist_pool, saved, name):
+    for diff, peak, final, files in dist_pool.run(_load_split, world_size=2,
+                                                  args=(name, saved[name], 2)):
+        assert diff <= 1e-5
+        assert peak == final and peak <= 0.55, peak  # never more than this rank's shards
+        assert files >= 2
+
+
+def test_descriptor_dict_and_deepspeed_module_file_single_process(saved):
+    diff, peak, _, files = _load_split("llama", saved["llama"], 1, descriptor_dict=True)
+    assert diff == 0 and peak == 1.0 and files == 2
+    diff, _, _, files = _load_split("llama", saved["ds"], 1)
+    assert diff == 0 and files == 1
+
+
+def test_missing_files_are_named(saved, tmp_path):
+    import deepspeed
+
+    descriptor = tmp_path / "checkpoint.json"
+    descriptor.write_text(json.dumps({"type": "ds_model", "version": 0.0, "checkpoints": [
+        f"{saved['dir']}/part_0.pt", "gone_1.pt", "gone_2.pt"]}))
+    model, _ = build("llama")
+    with pytest.raises(FileNotFoundError, match="2 of the 3 .*gone_1.pt.*gone_2.pt"):
+        deepspeed.init_inference(model, dtype=torch.float, checkpoint=str(descriptor))
+    with pytest.raises(ValueError, match="type 'Megatron' .* not supported"):
+        deepspeed.init_inference(model, dtype=torch.float,
+                                 checkpoint={"type": "Megatron", "checkpoints": []})
+
+
+def test_a_checkpoint_lacking_a_parameter_names_it(saved):
+    import deepspeed
+    from deepspeed.inference.checkpoint import empty_init
+
+    with empty_init():
+        model, _ = build("llama")
+    part = f"{saved['dir']}/part_0.pt"  # half of the keys only
+    with pytest.raises(ValueError, match="in none of the checkpoint files.*model\\."):
+        deepspeed.init_inference(model, dtype=torch.float, checkpoint=part)
+
+
+def test_unimplemented_checkpoint_options_are_named():
+    import deepspeed
+
+    with pytest.raises(NotImplementedError, match="save_mp_checkpoint_path='out'"):
+        deepspeed.init_inference(torch.nn.Linear(2, 2), dtype=torch.float,
+                                 save_mp_checkpoint_path="out")
+    with pytest.raises(NotImplementedError, match="training_mp_size=2"):
+        deepspeed.init_inference(torch.nn.Linear(2, 2), dtype=torch.float, training_mp_size=2,
+                                 checkpoint={"type": "ds_model", "checkpoints": []})
