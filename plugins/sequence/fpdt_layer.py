@@ -230,7 +230,7 @@ class FPDT_FFN(torch.nn.Module):
 class FPDT_LogitsLoss(torch.nn.Module):
     """Per-token cross-entropy of ``lm_output`` ``[seq, batch, hidden]`` against ``labels``
     ``[batch, seq]`` through the vocabulary projection ``logit_weights`` ``[vocab, hidden]``,
-    ``chunk_size`` tokens at a time: returns the ``[batch, seq]`` float32 losses (Megatron's
+    ``chunk_size`` tokens at a time: returns the ``[batch, seq]`` losses (float32 at least) (Megatron's
     ``post_language_model_processing`` output, to be weighted by the loss mask) while at most
     one chunk of logits exists, in forward and in backward."""
 
@@ -248,7 +248,8 @@ class FPDT_LogitsLoss(torch.nn.Module):
                              f"lm_output [seq={seq}, batch={batch}, hidden]")
 
         def loss(x, y):
-            logits = F.linear(x, logit_weights).float()
+            logits = F.linear(x, logit_weights)
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             return F.cross_entropy(logits.transpose(1, 2), y, reduction="none")
 
         shards = max(1, math.ceil(seq / self.chunk_size))
