@@ -142,6 +142,10 @@ class _OffloadSavedTensors(torch.autograd.graph.saved_tensors_hooks):
         self.offloaded_count = 0
         super().__init__(self._pack, self._unpack)
 
+    def __enter__(self):
+        super().__enter__()
+        return self
+
     def _pack(self, tensor):
         if (isinstance(tensor, torch.nn.Parameter) or not tensor.is_floating_point()
                 or tensor.numel() < self.min_numel or not _on_compute_device(tensor)):
