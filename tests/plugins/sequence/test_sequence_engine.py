@@ -182,3 +182,15 @@ def test_register_by_local_path_wraps_the_core_attention(dist_pool, tmp_path):
     tiny_llama().save_pretrained(tmp_path)
     for result in dist_pool.run(_register_by_path, world_size=SP, args=(str(tmp_path),)):
         assert result == (True, True, True)
+
+
+def test_batch_counts_sequence_parallel_groups_once():
+    """A sequence-parallel group shares one sample: the batch triangle uses world / sp (the
+    value Accelerate computes train_batch_size from), gradients still average over all ranks."""
+    from types import SimpleNamespace
+    from deepspeed.config import DeepSpeedConfig
+    mpu = SimpleNamespace(get_sequence_parallel_world_size=lambda: 2,
+                          get_sequence_data_parallel_world_size=lambda: 8,
+                          get_data_parallel_world_size=lambda: 8)
+    config = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 3}, mpu)
+    assert config.train_batch_size == 3 * 4
