@@ -135,6 +135,7 @@ class _ChunkedCausalAttention(torch.autograd.Function):
             lses.append(lse.squeeze(-1).transpose(1, 2).contiguous())  # [b, h, c]: no head_dim
         result = torch.cat(outs, dim=1)
         ctx.max_working_bytes = pool.max_working_bytes
+        pool.slots.clear()  # the working buffers are not kept between forward and backward
         ctx.pool = pool
         if keep:  # only when a backward will run: the q and out chunks join the host pool
             ctx.keys = (k_keys, v_keys, [pool.store(t) for t in qs], [pool.store(o) for o in outs])
