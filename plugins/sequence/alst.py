@@ -40,6 +40,10 @@ class FPDTAttentionHF:
                                       "no attention mask: drop attention_mask from the batch")
         if dropout and module.training:
             raise NotImplementedError(f"FPDT attention has no attention dropout (got {dropout})")
+        for unsupported in ("sliding_window", "softcap"):
+            if kwargs.get(unsupported) is not None:
+                raise NotImplementedError(f"FPDT attention is plain causal softmax attention: the "
+                                          f"model asks for {unsupported}={kwargs[unsupported]!r}")
         check_fpdt_sizes(query.shape[2], self.chunk_size)
         groups = query.shape[1] // key.shape[1]
         if groups > 1:

@@ -96,6 +96,8 @@ def test_fpdt_hf_attention_refuses_what_it_cannot_do():
         attn(module, q, q, q, torch.ones(1, 1, 16, 16))
     with pytest.raises(ValueError, match="chunk_size 32 is larger than the sequence length 16"):
         FPDTAttentionHF(chunk_size=32)(module, q, q, q, None)
+    with pytest.raises(NotImplementedError, match="sliding_window=4"):
+        attn(module, q, q, q, None, sliding_window=4)
     with pytest.raises(ValueError, match="FPDT chunk_size must be a positive int, got 0"):
         FPDTAttentionHF(chunk_size=0)
     out, _ = attn(module, q, q[:, :1], q[:, :1], None)  # one kv head for two query heads
