@@ -35,17 +35,6 @@ class SameSequence(torch.utils.data.Dataset):
         return {"input_ids": SAMPLE, "labels": SAMPLE}
 
 
-class RecordingTrainer(Trainer):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.step_losses = []
-
-    def training_step(self, *args, **kwargs):
-        loss = super().training_step(*args, **kwargs)
-        self.step_losses.append(loss.item())
-        return loss
-
-
 def model():
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(**CONFIG, attn_implementation="sdpa"))
@@ -65,7 +54,10 @@ args = TrainingArguments(
         sp_backend="deepspeed", sp_size=2,
         sp_handler=DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True,
                                                    sp_attn_implementation="sdpa")))
-trainer = RecordingTrainer(model=model(), args=args, train_dataset=SameSequence())
+trainer = Trainer(model=model(), args=args, train_dataset=SameSequence())
+step_losses, plain_step = [], trainer.training_step
+# each call is one optimizer step (no accumulation); keep its exact, unrounded loss
+trainer.training_step = lambda *a, **k: step_losses.append(plain_step(*a, **k)) or step_losses[-1]
 trainer.train()
 engine = trainer.model_wrapped
 
@@ -79,7 +71,7 @@ if int(os.environ.get("RANK", "0")) == 0:
         opt.step()
         want.append(loss.item())
     with open(os.path.join(output_dir, "alst_losses.json"), "w") as f:
-        json.dump({"alst": trainer.step_losses, "single_process": want,
+        json.dump({"alst": [loss.item() for loss in step_losses], "single_process": want,
                    "sp_world_size": engine.mpu.get_sequence_parallel_world_size()
                    if getattr(engine, "mpu", None) else None,
                    "zero_stage": engine.zero_optimization_stage()}, f)
