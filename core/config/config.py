@@ -30,9 +30,18 @@ def _initialised_comm():
 
 
 def resolve_world_size(world_size: Optional[int], mpu=None) -> int:
-    """The data-parallel world size the batch triangle is solved for."""
+    """The data-parallel world size the batch triangle is solved for.
+
+    A sequence-parallel mpu (Ulysses/ALST: ``get_sequence_parallel_world_size`` and
+    ``get_sequence_data_parallel_world_size``) averages gradients over every rank, but a
+    sequence-parallel group shares one sample, so the batch counts ``world / sp`` replicas
+    (what Accelerate sets ``train_batch_size`` from)."""
     if world_size is not None:
         return world_size
+    if mpu is not None and hasattr(mpu, "get_sequence_parallel_world_size") \
+            and hasattr(mpu, "get_sequence_data_parallel_world_size"):
+        return (mpu.get_sequence_data_parallel_world_size()
+                // mpu.get_sequence_parallel_world_size())
     if mpu is not None:
         return mpu.get_data_parallel_world_size()
     comm = _initialised_comm()

@@ -50,7 +50,12 @@ def initialize_sequence_parallel(sequence_parallel_size):
         group = dist.new_group(ranks=ranks)
         if rank in ranks:
             dp_group = group
-    _state.update(sp_size=sp, sp_group=sp_group, dp_group=dp_group,
+    mp_group = None
+    for other in range(world):  # model parallelism of 1: each rank alone (activation checkpointing
+        group = dist.new_group(ranks=[other])  # asks the mpu for this group)
+        if other == rank:
+            mp_group = group
+    _state.update(sp_size=sp, sp_group=sp_group, dp_group=dp_group, mp_group=mp_group,
                   sdp_group=dist.get_world_group(), world=world, rank=rank)
     groups.set_mpu(_this_module())
 
@@ -120,3 +125,9 @@ def get_model_parallel_world_size():
 
 def get_model_parallel_rank():
     return 0
+
+
+def get_model_parallel_group():
+    """This rank alone: Ulysses has no tensor parallelism (activation checkpointing's
+    partition_activations therefore keeps whole tensors)."""
+    return _require("mp_group")

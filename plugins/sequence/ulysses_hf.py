@@ -6,6 +6,8 @@ attention call, which transformers dispatches by name through ``AttentionInterfa
 for one that all-to-alls to "whole sequence x heads/sp", runs the original kernel causally over
 the whole sequence, and all-to-alls back.
 """
+import torch
+
 from deepspeed.sequence import parallel_state
 from deepspeed.sequence.all_to_all import seq_all_to_all
 
@@ -23,6 +25,41 @@ def _load_config(model_name_or_path):
                     f"name/path string, got {type(model_name_or_path).__name__}")
 
 
+def kv_replication(num_heads, num_kv_heads, sp_size):
+    """How many copies of each kv head the all-to-all needs (1: none).
+
+    The rules: query heads must divide by ``sp_size``; kv heads either divide by it too (each
+    rank gets ``kv/sp`` of them), or, when there are fewer kv heads than ranks, ``sp_size`` must
+    divide by them and each kv head is replicated ``sp/kv`` times, so rank ``r`` gets kv head
+    ``r // (sp/kv)``, the one its query heads ``r*q/sp ...`` are grouped with. Anything else has
+    no layout that keeps every query head with its kv head.
+    """
+    if num_heads % sp_size != 0:
+        raise ValueError(f"the model's num_attention_heads ({num_heads}) is not divisible by "
+                         f"sequence_parallel_size {sp_size}: Ulysses gives each rank "
+                         f"num_attention_heads/sequence_parallel_size heads")
+    if num_kv_heads % sp_size == 0:
+        return 1
+    if num_kv_heads < sp_size and sp_size % num_kv_heads == 0:
+        return sp_size // num_kv_heads
+    raise ValueError(f"the model's num_key_value_heads ({num_kv_heads}) is not divisible by "
+                     f"sequence_parallel_size {sp_size}, and cannot be replicated to it either "
+                     f"(that needs fewer kv heads than sequence_parallel_size, dividing it)")
+
+
+class _LocalHeads:
+    """The attention module as the core kernel sees it after replicated kv heads were
+    all-to-all'ed: every attribute is the module's, except ``num_key_value_groups``, which is the
+    local query/kv head ratio (``heads/sp`` query heads share the one local kv head)."""
+
+    def __init__(self, module, groups):
+        self._module = module
+        self.num_key_value_groups = groups
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
 class UlyssesSPAttentionHF:
     """The attention function registered with transformers; one instance per registration."""
 
@@ -35,6 +72,8 @@ class UlyssesSPAttentionHF:
         self.seq_length_is_variable = seq_length_is_variable
         self.micro_batch_size = micro_batch_size
         self.disable_in_eval = disable_in_eval
+        self.kv_repeat = kv_replication(num_heads, num_kv_heads, sequence_parallel_size)
+        self.attn_takes_mask = getattr(attn, "__name__", "") == "eager_attention_forward"
 
     def _check_shapes(self, query):
         local = query.shape[2]
@@ -56,9 +95,18 @@ class UlyssesSPAttentionHF:
         self._check_shapes(query)
         group = parallel_state.get_sequence_parallel_group()
         # transformers' layout: q/k/v [batch, heads, seq/sp, dim] -> [batch, heads/sp, seq, dim]
+        if self.kv_repeat > 1:  # fewer kv heads than ranks: each rank gets a copy of its kv head
+            key, value = (t.repeat_interleave(self.kv_repeat, dim=1) for t in (key, value))
         q, k, v = (seq_all_to_all(t, group, 1, 2) for t in (query, key, value))
         kwargs["is_causal"] = getattr(module, "is_causal", True)
-        out, weights = self.attn(module, q, k, v, None, *args, **kwargs)
+        if self.kv_repeat > 1:
+            module = _LocalHeads(module, q.shape[1] // k.shape[1])
+        mask = None
+        if self.attn_takes_mask:  # eager kernels apply no causality of their own
+            seq = q.shape[2]
+            mask = torch.full((seq, seq), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+            mask = mask[None, None]
+        out, weights = self.attn(module, q, k, v, mask, *args, **kwargs)
         # the kernel returns [batch, seq, heads/sp, dim] -> [batch, seq/sp, heads, dim]
         return seq_all_to_all(out, group, 1, 2), weights
 
@@ -93,13 +141,11 @@ class UlyssesSPAttentionHF:
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         num_heads = text_config.num_attention_heads
         num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
-        for name, count in (("num_attention_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
-            if count % sequence_parallel_size != 0:
-                raise ValueError(f"the model's {name} ({count}) is not divisible by "
-                                 f"sequence_parallel_size {sequence_parallel_size}: Ulysses gives "
-                                 f"each rank {name}/sequence_parallel_size heads")
+        kv_replication(num_heads, num_kv_heads, sequence_parallel_size)  # raises when no rule fits
         core = ALL_ATTENTION_FUNCTIONS[core_attn_implementation] \
             if core_attn_implementation in ALL_ATTENTION_FUNCTIONS else None
+        if core is None and core_attn_implementation == "eager":
+            core = _model_eager_attention(model_name_or_path)
         if core is None:
             raise ValueError(f"core_attn_implementation {core_attn_implementation!r} is not a "
                              f"registered attention; choose one of "
@@ -119,6 +165,14 @@ class UlyssesSPAttentionHF:
         else:
             ALL_ATTENTION_FUNCTIONS.register(core_attn_implementation, wrapper)
         return parallel_state
+
+
+def _model_eager_attention(model):
+    """"eager" is not in transformers' registry: each modeling file has its own
+    ``eager_attention_forward``; take the given model's."""
+    import sys
+    module = sys.modules.get(type(model).__module__) if hasattr(model, "config") else None
+    return getattr(module, "eager_attention_forward", None)
 
 
 def _no_mask(*args, attention_mask=None, **kwargs):

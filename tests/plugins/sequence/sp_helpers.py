@@ -4,11 +4,13 @@ import torch
 SP = 2
 
 
-def tiny_llama(seed=0):
+def tiny_llama(seed=0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         attn_implementation="sdpa")
+    settings = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    attn_implementation="sdpa")
+    settings.update(overrides)
+    config = LlamaConfig(**settings)
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).float()
 

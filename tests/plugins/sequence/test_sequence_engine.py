@@ -27,15 +27,16 @@ def _full_params(module):
         return {name: p.detach().float().clone() for name, p in module.named_parameters()}
 
 
-def _train_zero3():
+def _train_zero3(overrides):
     import deepspeed
     from deepspeed import comm as dist
     from deepspeed.sequence import parallel_state
     from deepspeed.runtime.sequence_parallel.ulysses_sp import (UlyssesSPAttentionHF,
                                                                 UlyssesSPDataLoaderAdapter)
-    model = tiny_llama()
-    mpu = UlyssesSPAttentionHF.register_with_transformers(model, sequence_parallel_size=SP,
-                                                          micro_batch_size=1)
+    model = tiny_llama(**overrides)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
+        model, core_attn_implementation=model.config._attn_implementation,
+        sequence_parallel_size=SP, micro_batch_size=1)
     try:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=_config(), mpu=mpu)
@@ -60,8 +61,12 @@ def _train_zero3():
         parallel_state.destroy_sequence_parallel()
 
 
-def test_zero3_with_ulysses_matches_single_process_training(dist_pool):
-    model = tiny_llama()
+# 1 kv head for 2 ranks: the kv head is replicated (sdpa runs it as GQA, eager through the
+# local head ratio the wrapper hands it)
+@pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 1},
+                                       {"num_key_value_heads": 1, "attn_implementation": "eager"}])
+def test_zero3_with_ulysses_matches_single_process_training(dist_pool, overrides):
+    model = tiny_llama(**overrides)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     want_losses = []
     data = _samples()
@@ -73,7 +78,8 @@ def test_zero3_with_ulysses_matches_single_process_training(dist_pool):
             opt.step()
             want_losses.append(loss.item())
     want = {n: p.detach() for n, p in model.named_parameters()}
-    for losses, params in dist_pool.run(_train_zero3, world_size=SP, timeout=120):
+    for losses, params in dist_pool.run(_train_zero3, world_size=SP, timeout=120,
+                                        args=(overrides,)):
         assert losses == pytest.approx(want_losses, rel=1e-4)
         for name, value in want.items():
             torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5, msg=name)
@@ -125,9 +131,21 @@ def test_heads_must_divide_by_sp():
                                          r"sequence_parallel_size 3"):
         UlyssesSPAttentionHF.register_with_transformers(tiny_llama(), sequence_parallel_size=3,
                                                         micro_batch_size=1)
-    with pytest.raises(ValueError, match=r"num_key_value_heads \(2\) is not divisible"):
-        UlyssesSPAttentionHF.register_with_transformers(tiny_llama(), sequence_parallel_size=4,
-                                                        micro_batch_size=1)
+    # 3 kv heads on 2 ranks: neither divisible nor replicable
+    with pytest.raises(ValueError, match=r"num_key_value_heads \(3\) is not divisible by "
+                                         r"sequence_parallel_size 2, and cannot be replicated"):
+        UlyssesSPAttentionHF.register_with_transformers(
+            tiny_llama(hidden_size=48, num_attention_heads=6, num_key_value_heads=3),
+            sequence_parallel_size=2, micro_batch_size=1)
+
+
+def test_kv_replication_rules():
+    from deepspeed.sequence.ulysses_hf import kv_replication
+    assert kv_replication(8, 4, 2) == 1  # kv heads divide: no copies
+    assert kv_replication(4, 1, 2) == 2 and kv_replication(8, 2, 8) == 4  # fewer: replicate
+    with pytest.raises(ValueError, match=r"num_key_value_heads \(2\) is not divisible by "
+                                         r"sequence_parallel_size 3"):
+        kv_replication(6, 2, 3)
 
 
 def test_sp_of_one_changes_nothing():
@@ -164,3 +182,15 @@ def test_register_by_local_path_wraps_the_core_attention(dist_pool, tmp_path):
     tiny_llama().save_pretrained(tmp_path)
     for result in dist_pool.run(_register_by_path, world_size=SP, args=(str(tmp_path),)):
         assert result == (True, True, True)
+
+
+def test_batch_counts_sequence_parallel_groups_once():
+    """A sequence-parallel group shares one sample: the batch triangle uses world / sp (the
+    value Accelerate computes train_batch_size from), gradients still average over all ranks."""
+    from types import SimpleNamespace
+    from deepspeed.config import DeepSpeedConfig
+    mpu = SimpleNamespace(get_sequence_parallel_world_size=lambda: 2,
+                          get_sequence_data_parallel_world_size=lambda: 8,
+                          get_data_parallel_world_size=lambda: 8)
+    config = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 3}, mpu)
+    assert config.train_batch_size == 3 * 4
