@@ -47,18 +47,25 @@ def main(argv=None):
         print("usage: python -m deepspeed.launcher.rank_guard -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     rank, source = rank_of(os.environ)
+    worker, pending = [], []
+
+    def forward(signum, _frame):
+        # installed before the worker starts, so an early SIGTERM is kept, not fatal to the guard
+        if not worker:
+            pending.append(signum)
+        elif worker[0].poll() is None:
+            worker[0].send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
     try:
         proc = subprocess.Popen(argv, close_fds=False, preexec_fn=_die_with_parent)
     except OSError as err:
         logger.error(f"rank {rank} could not start {argv[0]!r}: {err}")
         return 127
-
-    def forward(signum, _frame):
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, forward)
+    worker.append(proc)
+    for signum in pending:
+        proc.send_signal(signum)
     returncode = proc.wait()
     if returncode != 0:
         where = f"from {source}, " if source else ""
