@@ -83,10 +83,12 @@ def read_ranks():
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    """Two "nodes" (network namespaces where allowed, else loopback addresses) for real launches."""
+    """Two "nodes" (network namespaces where allowed, else loopback addresses) for real launches;
+    DS_TEST_FAKE_CLUSTER=loopback forces the loopback form."""
     from fake_cluster import FakeCluster
 
-    with FakeCluster(tmp_path_factory.mktemp("cluster")) as fake:
+    use_netns = False if os.environ.get("DS_TEST_FAKE_CLUSTER") == "loopback" else None
+    with FakeCluster(tmp_path_factory.mktemp("cluster"), use_netns=use_netns) as fake:
         yield fake
 
 

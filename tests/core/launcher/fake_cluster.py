@@ -3,8 +3,8 @@
 Where the test may create network namespaces (root, `ip netns` available), every node is its own
 namespace with its own address on a private bridge (10.x.y.1, 10.x.y.2; the launching machine is
 10.x.y.254), its own `/etc/hosts` (so the machine's hostname resolves to the node's address, as on
-a real cluster) and an `eth0`. Otherwise the nodes are the loopback addresses 127.0.0.1 and
-127.0.0.2 of this machine. Either way the hostfile names the nodes by address.
+a real cluster) and an `eth0`. Otherwise the nodes are the loopback addresses 127.0.0.2 and
+127.0.0.3 of this machine. Either way the hostfile names the nodes by address.
 
 `ssh`, `srun` (and `pdsh` when the real one is not installed) are put on PATH as shims from
 `fake_node_tools.py`: they start the *real* command line the launcher built on the named node, the
@@ -59,9 +59,14 @@ class FakeCluster:
         self._links = []
         self._etc_dirs = []
         if self.use_netns:
-            self._create_namespaces()
-        else:
-            self.hosts = [f"127.0.0.{i + 1}" for i in range(num_nodes)]
+            try:
+                self._create_namespaces()
+            except (subprocess.CalledProcessError, OSError):
+                # e.g. namespaces allowed but no bridge/veth support: fall back to loopback
+                self.use_netns = False
+        if not self.use_netns:
+            # not 127.0.0.1: MPICH starts processes for a host it takes for this one without ssh
+            self.hosts = [f"127.0.0.{i + 2}" for i in range(num_nodes)]
             self.controller = "127.0.0.1"
             self.namespaces = {host: "" for host in self.hosts}
         self.unreachable = "10.255.255.1" if self.use_netns else "192.0.2.1"  # TEST-NET-1

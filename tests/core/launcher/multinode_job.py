@@ -87,9 +87,14 @@ class Job:
             reader.join(timeout=5)
         return codes
 
-    def run(self, commands, timeout=120):
+    def run(self, commands, timeout=240):
+        """Start `commands` and wait for all; a launch still running after `timeout` fails the
+        test with its output (generous: the machine running the tests may be heavily shared)."""
         self.start(commands)
-        return self.wait(timeout)
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"launch still running after {timeout} s:\n{self.text[-6000:]}")
 
     def wait_for(self, needle, timeout):
         deadline = time.monotonic() + timeout

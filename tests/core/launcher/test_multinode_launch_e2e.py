@@ -48,7 +48,7 @@ def test_ranks_land_on_their_nodes(job, form):
 def test_killing_one_rank_ends_the_job_everywhere(job, form):
     job.start(job.command(form, [DEMO, "--epochs", 100000, "--samples", 256, "--print_every", 1],
                           job.hostfile()))
-    job.wait_for("step    2:", timeout=150)
+    job.wait_for("step    2:", timeout=200)
     workers = job.workers()
     assert sorted(workers) == [0, 1], job.text[-4000:]
     victim = workers[1]
