@@ -8,7 +8,9 @@ auxiliary files a launcher reads (only mvapich needs one) and is called only for
 pdsh runs our per-node launcher (`deepspeed.launcher.launch`) on every host, so all launcher
 features work. The MPI-style launchers start the workers themselves: each worker learns its rank
 from the MPI launcher's own variables (OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_*, SLURM_*), which
-`deepspeed.comm` translates, and receives MASTER_ADDR/MASTER_PORT/WORLD_SIZE from here.
+`deepspeed.comm` translates, and receives MASTER_ADDR/MASTER_PORT/WORLD_SIZE from here. Each such
+worker runs behind `deepspeed.launcher.rank_guard`, so a rank that dies is named by rank (MPI
+launchers name only a pid and host); srun gets --kill-on-bad-exit=1 so that death ends the step.
 """
 import os
 import shlex
