@@ -9,6 +9,7 @@ collective forever.
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -153,6 +154,24 @@ def build_worker_specs(args, base_env, device_envs, log_prefix=None):
             log_path = os.path.join(args.enable_each_rank_log, f"{log_prefix}_rank{rank}.log")
         specs.append(WorkerSpec(rank, local_rank, cmd, env, affinity, log_path, cores))
     return specs
+
+
+def check_master_addr(world_info, master_addr, master_port):
+    """Raise ValueError when a multi-node world's --master_addr does not resolve on this node.
+
+    Every rank, rank 0 included, connects to MASTER_ADDR to rendezvous; a name this node cannot
+    resolve would otherwise surface only as torch.distributed's error after its timeout.
+    """
+    if len(world_info) < 2:
+        return
+    try:
+        socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise ValueError(
+            f"--master_addr {master_addr!r} does not resolve on this node "
+            f"({socket.gethostname()}): {err}; every node connects to rank 0's host by this name, "
+            f"so use a name or address all nodes can reach (default: the first hostfile host, "
+            f"{next(iter(world_info))!r})") from None
 
 
 def describe_exit(returncode):
@@ -305,6 +324,7 @@ def main(argv=None):
     base_env = dict(os.environ)
     try:
         specs = build_worker_specs(args, base_env, visible_devices_envs())
+        check_master_addr(decode_world_info(args.world_info), args.master_addr, args.master_port)
     except ValueError as err:
         print(f"deepspeed.launcher.launch: error: {err}", file=sys.stderr)
         return 1

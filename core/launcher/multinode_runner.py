@@ -8,7 +8,9 @@ auxiliary files a launcher reads (only mvapich needs one) and is called only for
 pdsh runs our per-node launcher (`deepspeed.launcher.launch`) on every host, so all launcher
 features work. The MPI-style launchers start the workers themselves: each worker learns its rank
 from the MPI launcher's own variables (OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_*, SLURM_*), which
-`deepspeed.comm` translates, and receives MASTER_ADDR/MASTER_PORT/WORLD_SIZE from here.
+`deepspeed.comm` translates, and receives MASTER_ADDR/MASTER_PORT/WORLD_SIZE from here. Each such
+worker runs behind `deepspeed.launcher.rank_guard`, so a rank that dies is named by rank (MPI
+launchers name only a pid and host); srun gets --kill-on-bad-exit=1 so that death ends the step.
 """
 import os
 import shlex
@@ -26,6 +28,9 @@ class MultiNodeRunner:
     binaries = ()
     # launch flags this launcher cannot honour (attribute name on the runner args -> flag)
     unsupported = {}
+    # the launcher starts the workers itself (MPI, srun): wrap each in rank_guard, which names
+    # the rank when it dies; pdsh starts the per-node launcher, which does that already
+    guard_ranks = True
 
     def __init__(self, args, world_info_base64, active_resources, resource_pool, exports,
                  device_envs):
@@ -67,7 +72,8 @@ class MultiNodeRunner:
         return list(next(iter(slot_lists.values())))
 
     def program(self, local_rank=None):
-        """The worker's command: `python -u [-m] script args`, optionally inside --venv_script."""
+        """The worker's command: `python -u [-m] script args`, behind rank_guard when the launcher
+        starts workers itself, optionally inside --venv_script."""
         args = self.args
         if args.no_python:
             cmd = [args.user_script]
@@ -78,6 +84,8 @@ class MultiNodeRunner:
         if local_rank is not None and not args.no_local_rank:
             cmd.append(f"--local_rank={local_rank}")
         cmd += list(args.user_args)
+        if self.guard_ranks:
+            cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.rank_guard", "--"] + cmd
         if args.venv_script:
             cmd = ["bash", "-c", f". {shlex.quote(args.venv_script)} && exec {shlex.join(cmd)}"]
         return cmd
@@ -107,6 +115,7 @@ class MultiNodeRunner:
 class PDSHRunner(MultiNodeRunner):
     name = C.PDSH_LAUNCHER
     binaries = ("pdsh",)
+    guard_ranks = False
 
     def get_env(self, base_env):
         env = dict(base_env)
@@ -240,8 +249,11 @@ class SlurmRunner(MultiNodeRunner):
 
     def get_cmd(self):
         ppn = len(self.uniform_slots())
+        # --kill-on-bad-exit: a rank that fails ends the step on every node, as the per-node
+        # launcher does under pdsh; srun's default would wait for the others to finish or hang
         cmd = ["srun", "-n", str(self.world_size), "--nodes", str(len(self.hosts)),
-               "--ntasks-per-node", str(ppn), "--nodelist", ",".join(self.hosts), "--export=ALL"]
+               "--ntasks-per-node", str(ppn), "--nodelist", ",".join(self.hosts), "--export=ALL",
+               "--kill-on-bad-exit=1"]
         return cmd + self.launcher_args + self.program()
 
 

@@ -79,3 +79,24 @@ def _read_ranks(out_dir):
 def read_ranks():
     """{rank: record} from the probe's rank<R>.json files in a directory."""
     return _read_ranks
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """Two "nodes" (network namespaces where allowed, else loopback addresses) for real launches;
+    DS_TEST_FAKE_CLUSTER=loopback forces the loopback form."""
+    from fake_cluster import FakeCluster
+
+    use_netns = False if os.environ.get("DS_TEST_FAKE_CLUSTER") == "loopback" else None
+    with FakeCluster(tmp_path_factory.mktemp("cluster"), use_netns=use_netns) as fake:
+        yield fake
+
+
+@pytest.fixture
+def job(tmp_path, cluster, free_port):
+    """A multi-node launch in tmp_path (see multinode_job.Job); its workers are killed afterwards."""
+    from multinode_job import Job
+
+    launch = Job(tmp_path, cluster, free_port, _clean_env())
+    yield launch
+    launch.cleanup()

@@ -1,0 +1,158 @@
+"""Two "nodes" on one machine for real multi-node launches, plus the remote-shell tools to reach them.
+
+Where the test may create network namespaces (root, `ip netns` available), every node is its own
+namespace with its own address on a private bridge (10.x.y.1, 10.x.y.2; the launching machine is
+10.x.y.254), its own `/etc/hosts` (so the machine's hostname resolves to the node's address, as on
+a real cluster) and an `eth0`. Otherwise the nodes are the loopback addresses 127.0.0.2 and
+127.0.0.3 of this machine. Either way the hostfile names the nodes by address.
+
+`ssh`, `srun` (and `pdsh` when the real one is not installed) are put on PATH as shims from
+`fake_node_tools.py`: they start the *real* command line the launcher built on the named node, the
+way the real tool would (a fresh login environment for ssh, SLURM's task variables for srun). A
+host that is not a node is unreachable, as on a real network.
+"""
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+TOOLS = HERE / "fake_node_tools.py"
+
+
+def _run(*cmd):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def netns_available():
+    """True when this process may create network namespaces (checked by creating one)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    name = f"dsmprobe{secrets.token_hex(3)}"
+    try:
+        _run("ip", "netns", "add", name)
+    except (subprocess.CalledProcessError, OSError):
+        return False
+    subprocess.run(["ip", "netns", "del", name], check=False)
+    return True
+
+
+def _used_subnets():
+    out = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=False).stdout
+    return {".".join(word.split("/")[0].split(".")[:3]) for word in out.split() if word.count(".") == 3}
+
+
+class FakeCluster:
+    """`hosts` (the hostfile names), `controller` (this machine as the nodes see it), `bin_dir`."""
+
+    def __init__(self, root, num_nodes=2, use_netns=None):
+        self.root = Path(root)
+        self.bin_dir = self.root / "bin"
+        self.bin_dir.mkdir(parents=True, exist_ok=True)
+        self.num_nodes = num_nodes
+        self.use_netns = netns_available() if use_netns is None else use_netns
+        self.token = secrets.token_hex(2)
+        self.namespaces = {}
+        self._links = []
+        self._etc_dirs = []
+        if self.use_netns:
+            try:
+                self._create_namespaces()
+            except (subprocess.CalledProcessError, OSError):
+                # e.g. namespaces allowed but no bridge/veth support: fall back to loopback
+                self.use_netns = False
+        if not self.use_netns:
+            # not 127.0.0.1: MPICH starts processes for a host it takes for this one without ssh
+            self.hosts = [f"127.0.0.{i + 2}" for i in range(num_nodes)]
+            self.controller = "127.0.0.1"
+            self.namespaces = {host: "" for host in self.hosts}
+        self.unreachable = "10.255.255.1" if self.use_netns else "192.0.2.1"  # TEST-NET-1
+        self._write_tools()
+
+    @property
+    def mode(self):
+        return "netns" if self.use_netns else "loopback"
+
+    # ---- network namespaces -------------------------------------------------------------------
+    def _create_namespaces(self):
+        used = _used_subnets()
+        subnet = next(f"10.{a}.{b}" for a in range(200, 250) for b in range(1, 255)
+                      if f"10.{a}.{b}" not in used)
+        prefix = f"dsm{self.token}"
+        bridge = f"{prefix}br"
+        self.hosts = [f"{subnet}.{i + 1}" for i in range(self.num_nodes)]
+        self.controller = f"{subnet}.254"
+        hostname = os.uname().nodename
+        try:
+            _run("ip", "link", "add", bridge, "type", "bridge")
+            self._links.append(bridge)
+            _run("ip", "addr", "add", f"{self.controller}/24", "dev", bridge)
+            _run("ip", "link", "set", bridge, "up")
+            for i, host in enumerate(self.hosts):
+                ns, outer = f"{prefix}n{i}", f"{prefix}h{i}"
+                # the node's own /etc/hosts (bind-mounted by `ip netns exec`): this machine's
+                # hostname is the node's address, so gloo and MPI pick the node's interface
+                etc = Path("/etc/netns") / ns
+                etc.mkdir(parents=True, exist_ok=True)
+                self._etc_dirs.append(etc)
+                peers = "".join(f"{peer} dsnode{j}\n" for j, peer in enumerate(self.hosts) if peer != host)
+                (etc / "hosts").write_text(f"127.0.0.1 localhost\n{host} {hostname}\n{peers}"
+                                           f"{self.controller} dslauncher\n")
+                _run("ip", "netns", "add", ns)
+                self.namespaces[host] = ns
+                _run("ip", "link", "add", outer, "type", "veth", "peer", "name", f"{prefix}v{i}")
+                self._links.append(outer)
+                _run("ip", "link", "set", f"{prefix}v{i}", "netns", ns)
+                _run("ip", "-n", ns, "link", "set", f"{prefix}v{i}", "name", "eth0")
+                _run("ip", "-n", ns, "addr", "add", f"{host}/24", "dev", "eth0")
+                _run("ip", "-n", ns, "link", "set", "eth0", "up")
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                _run("ip", "-n", ns, "route", "add", "default", "via", self.controller)
+                _run("ip", "link", "set", outer, "master", bridge)
+                _run("ip", "link", "set", outer, "up")
+        except Exception:
+            self.close()
+            raise
+
+    def close(self):
+        for ns in self.namespaces.values():
+            if ns:
+                subprocess.run(["ip", "netns", "del", ns], check=False, stderr=subprocess.DEVNULL)
+        for link in self._links:
+            subprocess.run(["ip", "link", "del", link], check=False, stderr=subprocess.DEVNULL)
+        for etc in self._etc_dirs:
+            shutil.rmtree(etc, ignore_errors=True)
+        self.namespaces = {}
+        self._links = []
+        self._etc_dirs = []
+
+    # ---- tools on PATH ------------------------------------------------------------------------
+    def _write_tools(self):
+        (self.bin_dir / "cluster.json").write_text(json.dumps(self.namespaces))
+        tools = ["ssh", "srun"] + ([] if shutil.which("pdsh") else ["pdsh"])
+        for tool in tools:
+            path = self.bin_dir / tool
+            path.write_text(f"#!/bin/sh\nexec {sys.executable} {TOOLS} {self.bin_dir / 'cluster.json'} "
+                            f"{tool} \"$@\"\n")
+            path.chmod(0o755)
+
+    def hostfile(self, path, slots=1, hosts=None):
+        lines = "".join(f"{host} slots={slots}\n" for host in (hosts or self.hosts))
+        Path(path).write_text(lines)
+        return str(path)
+
+    def env(self, base):
+        """`base` with the shims and this interpreter's bin dir (mpirun) first on PATH."""
+        env = dict(base)
+        env["PATH"] = os.pathsep.join([str(self.bin_dir), os.path.dirname(sys.executable),
+                                       base.get("PATH", os.defpath)])
+        return env
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
