@@ -20,7 +20,7 @@ import torch
 
 # below this size a buffer is cheaper on glibc's heap than as a mapping of its own (the
 # glibc default mmap threshold is 128 KiB; one page-fault per 4 KiB either way)
-MIN_UNHEAPED_BYTES = 1 << 20
+MIN_UNHEAPED_BYTES = 4 << 20
 
 
 def transient_empty(numel: int, dtype: torch.dtype, device) -> torch.Tensor:
