@@ -1,0 +1,138 @@
+"""The two tensor-parallel Linear layers of AutoTP *training*, and the two communication ops
+that make autograd through them exact (Megatron's conjugate pair "f" and "g").
+
+A transformer block split by AutoTP runs, on each rank of the tensor-parallel group,
+
+    x (whole) -> f -> column-parallel Linears (q/k/v, gate/up: this rank's output slice)
+              -> ...  (attention over this rank's heads, the activation)
+              -> row-parallel Linear (o_proj, down_proj: this rank's input slice) -> g -> out
+
+- ``g`` (``reduce_from_tensor_parallel``): forward all-reduces the partial sums, so ``out`` is
+  the unsplit block's output on every rank; backward passes the gradient through unchanged
+  (every rank's partial sum contributed with weight 1).
+- ``f`` (``copy_to_tensor_parallel``): forward is the identity; backward all-reduces the input
+  gradient, since each rank's column slice only saw part of the use of ``x``. After it, the
+  gradient reaching the replicated layers (norms, embeddings) is the whole one on every rank.
+
+The inference plugin's ``LinearAllreduce`` / ``LinearLayer`` do the same forward without
+autograd (frozen weights, a plain all-reduce); ``from_inference_layer`` turns them into these.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepspeed import comm as dist
+
+#: set on a parameter split over the tensor-parallel group (Megatron's attribute names):
+#: ``tensor_model_parallel`` True and ``partition_dim`` the dimension it was cut along
+TENSOR_MODEL_PARALLEL = "tensor_model_parallel"
+PARTITION_DIM = "partition_dim"
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def copy_to_tensor_parallel(x, group):
+    """Identity forward, gradient all-reduced over ``group`` backward ("f")."""
+    return _CopyToTensorParallel.apply(x, group)
+
+
+def reduce_from_tensor_parallel(x, group):
+    """All-reduce over ``group`` forward, identity backward ("g")."""
+    return _ReduceFromTensorParallel.apply(x, group)
+
+
+def _mark(param, dim):
+    setattr(param, TENSOR_MODEL_PARALLEL, True)
+    setattr(param, PARTITION_DIM, dim)
+    return param
+
+
+class ColumnParallelLinear(nn.Module):
+    """``f(x) @ weight.T + bias`` with this rank's ``[out / tp, in]`` weight slice and
+    ``[out / tp]`` bias slice; the output is this rank's slice of the features."""
+
+    def __init__(self, weight, bias, group):
+        super().__init__()
+        self.weight = _mark(weight, 0)
+        self.bias = None if bias is None else _mark(bias, 0)
+        self.group = group
+
+    @property
+    def in_features(self):
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self):
+        return self.weight.shape[0]
+
+    def forward(self, input):
+        return F.linear(copy_to_tensor_parallel(input, self.group), self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features} (this rank)"
+
+
+class RowParallelLinear(nn.Module):
+    """``g(x_slice @ weight.T) + bias`` with this rank's ``[out, in / tp]`` weight slice and
+    the whole bias (added once, after the sum); the output is whole on every rank."""
+
+    def __init__(self, weight, bias, group):
+        super().__init__()
+        self.weight = _mark(weight, 1)
+        self.bias = bias
+        self.group = group
+
+    @property
+    def in_features(self):
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self):
+        return self.weight.shape[0]
+
+    def forward(self, input):
+        output = reduce_from_tensor_parallel(F.linear(input, self.weight), self.group)
+        return output if self.bias is None else output + self.bias
+
+    def extra_repr(self):
+        return f"in_features={self.in_features} (this rank), out_features={self.out_features}"
+
+
+def _trainable(tensor, requires_grad):
+    return None if tensor is None else nn.Parameter(tensor.data, requires_grad=requires_grad)
+
+
+def from_inference_layer(layer, group, weight_grad=True, bias_grad=True):
+    """The training layer for an inference plugin ``LinearAllreduce`` (row parallel) or
+    ``LinearLayer`` (column parallel), sharing its tensors; None for any other module."""
+    from deepspeed.inference.layers import LinearAllreduce, LinearLayer
+
+    weight = _trainable(layer.weight, weight_grad) if hasattr(layer, "weight") else None
+    if isinstance(layer, LinearAllreduce):
+        return RowParallelLinear(weight, _trainable(layer.bias, bias_grad), group)
+    if isinstance(layer, LinearLayer):
+        return ColumnParallelLinear(weight, _trainable(layer.bias, bias_grad), group)
+    return None

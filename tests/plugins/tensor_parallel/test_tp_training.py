@@ -1,0 +1,82 @@
+"""AutoTP training on gloo ranks equals single-process training of the unsplit model:
+``tp_model_init(tp_size=2)`` on 2 ranks (TP 2) and on 4 ranks (TP 2 x DP 2, ZeRO-1 and
+ZeRO-2) train a tiny Llama with AdamW and a gradient clip that bites, and every step's loss
+(averaged over the data-parallel ranks), the global gradient norm and the gathered weights
+(``_consolidated_16bit_state_dict``, ``save_16bit_model``) equal the reference's to 1e-5."""
+import os
+
+import pytest
+import torch
+
+from deepspeed.testing import run_distributed
+
+pytest.importorskip("transformers")
+
+STEPS, LR, CLIP, TOL = 3, 1e-2, 0.05, 1e-5
+
+
+def _close(got, want):
+    torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+
+
+def _train_tp(tp, zero_stage, save_dir):
+    import deepspeed
+    import deepspeed.comm as dist
+    from deepspeed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from tp_train_helpers import (MICRO, dp_mean, ds_config, global_batches, registered_groups_restored,
+                                  tiny_llama, train_reference)
+
+    with registered_groups_restored():
+        model = tiny_llama()
+        dp = dist.get_world_size() // tp
+        batches = global_batches(STEPS, dp)
+        ref_losses, ref_norms, ref_state = train_reference(model, batches, LR, CLIP)
+        full_shapes = {k: v.shape for k, v in model.state_dict().items()}
+
+        model = deepspeed.tp_model_init(model, tp_size=tp, dtype=torch.float32)
+        attn = model.model.layers[0].self_attn
+        assert isinstance(attn.q_proj, ColumnParallelLinear) and attn.q_proj.out_features == 32 // tp
+        assert isinstance(attn.k_proj, ColumnParallelLinear) and attn.k_proj.out_features == 16 // tp
+        assert isinstance(attn.o_proj, RowParallelLinear) and attn.o_proj.in_features == 32 // tp
+        assert isinstance(model.model.layers[1].mlp.down_proj, RowParallelLinear)
+        engine, *_ = deepspeed.initialize(model=model, config=ds_config(tp, zero_stage, LR, CLIP),
+                                          model_parameters=model.parameters())
+        assert engine.dp_world_size == dp and engine.mpu.get_model_parallel_world_size() == tp
+        assert engine.zero_gather_16bit_weights_on_model_save()
+        dp_rank = engine.mpu.get_data_parallel_rank()
+        losses, norms = [], []
+        for ids in batches:
+            mine = ids[dp_rank * MICRO:(dp_rank + 1) * MICRO]
+            loss = engine(input_ids=mine, labels=mine).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(dp_mean(loss.item(), engine.dp_group))
+            norms.append(engine.get_global_grad_norm())
+        _close(torch.tensor(losses), torch.tensor(ref_losses))
+        _close(torch.tensor(norms), torch.tensor(ref_norms))
+        assert min(ref_norms) > CLIP  # the clip did bite, so its norm had to be the global one
+
+        gathered = engine._consolidated_16bit_state_dict()
+        engine.save_16bit_model(save_dir, "tp.bin")
+        if dist.get_rank() == 0:
+            assert {k: v.shape for k, v in gathered.items()} == full_shapes
+            for name, value in ref_state.items():
+                _close(gathered[name], value)
+            saved = torch.load(os.path.join(save_dir, "tp.bin"), weights_only=True)
+            assert saved.keys() == ref_state.keys()
+            for name, value in ref_state.items():
+                _close(saved[name], value)
+        else:
+            assert gathered is None
+        engine.destroy()
+        return losses
+
+
+def test_tp2_on_two_ranks_equals_single_process(tmp_path):
+    losses = run_distributed(_train_tp, world_size=2, args=(2, 0, str(tmp_path)), timeout=180)
+    assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_tp2_dp2_with_zero_equals_single_process(tmp_path, zero_stage):
+    run_distributed(_train_tp, world_size=4, args=(2, zero_stage, str(tmp_path)), timeout=240)
