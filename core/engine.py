@@ -59,10 +59,10 @@ class DeepSpeedEngine(torch.nn.Module):
         # a plugin that splits the model itself (AutoTP training) brings its own groups; the
         # global gradient norm then also sums over its model-parallel group
         self._norm_group = None
-        if mpu is None:
-            mpu = self.hook.deepspeed_model_parallel_unit(engine=self, config=config)
-            self.mpu = mpu
-            if mpu is not None and mpu.get_model_parallel_world_size() > 1:
+        unit = self.hook.deepspeed_model_parallel_unit(engine=self, config=config, mpu=mpu)
+        if unit is not None:
+            self.mpu = mpu = unit
+            if mpu.get_model_parallel_world_size() > 1:
                 self._norm_group = mpu.get_model_parallel_group()
         self.dp_group = mpu.get_data_parallel_group() if mpu is not None else None
         self._previous_mpu = None

@@ -108,22 +108,23 @@ def deepspeed_tp_model_init(model, tp_size, dtype, config, kwargs):
 # Engine set-up, in the order the engine calls them
 # ---------------------------------------------------------------------------------------------
 @hookspec(firstresult=True)
-def deepspeed_model_parallel_unit(engine, config):
+def deepspeed_model_parallel_unit(engine, config, mpu):
     """The model-parallel unit (an ``mpu``: ``get_data_parallel_group()``,
-    ``get_model_parallel_group()`` ...) of an engine whose caller passed none (first result
-    wins), for plugins that split the model themselves (AutoTP training). Called in the
-    engine's constructor, after the config is validated and before anything reads the
-    data-parallel group; ``engine.module`` is the model (the plugin may split it in place).
-    Return None when this plugin does not split the model.
+    ``get_model_parallel_group()`` ...) of an engine whose plugin splits the model itself
+    (AutoTP training), first result wins. ``mpu`` is the caller's (``deepspeed.initialize(
+    mpu=...)``, or None): return it or your own unit, or raise when the two cannot work
+    together. Called in the engine's constructor, after the config is validated and before
+    anything reads the data-parallel group; ``engine.module`` is the model (the plugin may
+    split it in place, keeping its Parameter objects). Return None when this plugin does not
+    split the model.
 
-    The engine then uses it like an ``mpu`` given to ``deepspeed.initialize`` (gradients
-    averaged and ZeRO partitions laid out over its data-parallel group, checkpoints written per
-    model-parallel rank, ``deepspeed.utils.groups`` answering from it) and, unlike a caller's
-    ``mpu``, also sums the global gradient norm over its model-parallel group when that has
-    more than one rank: the plugin marks ``REPLICATED_PARAM`` on the parameter copies another
-    rank of that group counts. (The config's batch arithmetic was done before, over every rank:
-    ``train_batch_size`` counts each tensor-parallel rank's micro-batch, as Transformers' "auto"
-    values do.)"""
+    The engine then uses the answer like a caller's ``mpu`` (gradients averaged and ZeRO
+    partitions laid out over its data-parallel group, checkpoints written per model-parallel
+    rank, ``deepspeed.utils.groups`` answering from it) and also sums the global gradient norm
+    over its model-parallel group when that has more than one rank: the plugin marks
+    ``REPLICATED_PARAM`` on the parameter copies another rank of that group counts. (The
+    config's batch arithmetic was done before, over every rank: ``train_batch_size`` counts
+    each tensor-parallel rank's micro-batch, as Transformers' "auto" values do.)"""
 
 
 @hookspec

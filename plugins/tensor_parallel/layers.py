@@ -121,18 +121,29 @@ class RowParallelLinear(nn.Module):
         return f"in_features={self.in_features} (this rank), out_features={self.out_features}"
 
 
-def _trainable(tensor, requires_grad):
-    return None if tensor is None else nn.Parameter(tensor.data, requires_grad=requires_grad)
+def _reuse(original, shard):
+    """``original`` (the unsplit layer's Parameter) now holding ``shard``'s slice: the same
+    Parameter object, so references taken before the split (``model.parameters()`` handed to
+    ``deepspeed.initialize``, an optimizer's param groups) step the split weights."""
+    if shard is None:
+        return None
+    if original is None:
+        return nn.Parameter(shard.data)
+    original.data = shard.data
+    return original
 
 
-def from_inference_layer(layer, group, weight_grad=True, bias_grad=True):
+def from_inference_layer(layer, group, original=None):
     """The training layer for an inference plugin ``LinearAllreduce`` (row parallel) or
-    ``LinearLayer`` (column parallel), sharing its tensors; None for any other module."""
+    ``LinearLayer`` (column parallel), holding its slices in ``original``'s Parameters (the
+    ``nn.Linear`` it replaced) when given; None for any other module."""
     from deepspeed.inference.layers import LinearAllreduce, LinearLayer
 
-    weight = _trainable(layer.weight, weight_grad) if hasattr(layer, "weight") else None
     if isinstance(layer, LinearAllreduce):
-        return RowParallelLinear(weight, _trainable(layer.bias, bias_grad), group)
-    if isinstance(layer, LinearLayer):
-        return ColumnParallelLinear(weight, _trainable(layer.bias, bias_grad), group)
-    return None
+        cls = RowParallelLinear
+    elif isinstance(layer, LinearLayer):
+        cls = ColumnParallelLinear
+    else:
+        return None
+    return cls(_reuse(getattr(original, "weight", None), layer.weight),
+               _reuse(getattr(original, "bias", None), layer.bias), group)

@@ -38,7 +38,12 @@ class TensorParallelPlugin(DeepSpeedPlugin):
         return split_of(model) is not None
 
     @hookimpl
-    def deepspeed_model_parallel_unit(self, engine, config):
+    def deepspeed_model_parallel_unit(self, engine, config, mpu):
+        if engine.zero_optimization_stage() >= 3:  # before ZeRO-3 partitions anything
+            raise NotImplementedError(
+                "tensor_parallel (AutoTP training) together with ZeRO stage 3 is not supported: "
+                "ZeRO-3 would partition the tensor-parallel shards again; use "
+                "zero_optimization.stage 0, 1 or 2")
         section = config.section(SECTION)
         wanted = section.size if section is not None else 1
         split = split_of(engine.module)
@@ -54,15 +59,12 @@ class TensorParallelPlugin(DeepSpeedPlugin):
             raise ValueError(f"config tensor_parallel.autotp_size={wanted}, but the model was "
                              f"split over {split.tp_size} ranks by deepspeed.tp_model_init; "
                              f"use the same size in both")
+        if mpu is not None and mpu is not split.groups:
+            raise ValueError(
+                "deepspeed.initialize was given its own mpu for a model split by AutoTP "
+                "training, which builds its tensor x data parallel groups itself "
+                "(deepspeed.utils.groups.TensorParallelGroups); drop the mpu argument")
         return split.groups
-
-    @hookimpl
-    def deepspeed_engine_init(self, engine, config):
-        if engine.zero_optimization_stage() >= 3:
-            raise NotImplementedError(
-                "tensor_parallel (AutoTP training) together with ZeRO stage 3 is not supported: "
-                "ZeRO-3 would partition the tensor-parallel shards again; use "
-                "zero_optimization.stage 0, 1 or 2")
 
     @hookimpl(wrapper=True)
     def deepspeed_sharding(self, engine):

@@ -5,7 +5,9 @@ Linears of each transformer block write into the residual stream, how to cut wei
 counts, the errors for heads that do not divide); this module builds the tensor x data
 parallel groups (``deepspeed.utils.groups.init_tensor_parallel_groups``), runs that split, and
 swaps the inference layers for the training ones of ``deepspeed.tensor_parallel.layers``
-(trainable weights, autograd through the all-reduces). Then it marks the parameters every rank
+(autograd through the all-reduces), whose weights are the *original* Parameter objects now
+holding their slices: ``model.parameters()`` taken before the split (and ``requires_grad``)
+stay valid. Then it marks the parameters every rank
 of the tensor-parallel group holds whole: on all but its first rank they carry
 ``deepspeed.hooks.REPLICATED_PARAM``, so the global gradient norm counts them once.
 
@@ -105,13 +107,11 @@ def split_model(model, unit, row_parallel_names=None):
                                         for cls in AutoTP.block_classes(model)})
     else:
         policy = AutoTP.tp_parser(model)
-    trainable = {name: (m.weight.requires_grad, m.bias is None or m.bias.requires_grad)
-                 for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     group = unit.get_tensor_model_parallel_group()
     shard_model(model, policy, unit.tp_size, unit.tp_rank, group)
     for name, module in list(model.named_modules()):
-        weight_grad, bias_grad = trainable.get(name, (True, True))
-        replacement = from_inference_layer(module, group, weight_grad, bias_grad)
+        replacement = from_inference_layer(module, group, linears.get(name))
         if replacement is not None:
             _replace(model, name, replacement)
     if unit.tp_rank != 0:
