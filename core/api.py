@@ -89,7 +89,7 @@ def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
     naming that section gets, rather than an ``AttributeError`` deep inside Transformers.
     """
     from deepspeed.config.errors import DeepSpeedConfigError
-    from deepspeed.config.feature_sections import missing_plugin_problem
+    from deepspeed.config.feature_sections import TP_MODEL_INIT_SECTION, missing_plugin_problem
     from deepspeed.utils.arg_checks import check_int
 
     if check_int("tp_size", tp_size, 1) == 1:
@@ -97,7 +97,7 @@ def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
     split = PluginCatalog().installed_hook.deepspeed_tp_model_init(
         model=model, tp_size=tp_size, dtype=dtype, config=config, kwargs=dict(kwargs))
     if split is None:
-        raise DeepSpeedConfigError(missing_plugin_problem("tensor_parallel"))
+        raise DeepSpeedConfigError(missing_plugin_problem(TP_MODEL_INIT_SECTION))
     return split
 
 
