@@ -1,0 +1,56 @@
+"""The public pieces of AutoTP training: the TP x DP groups in ``deepspeed.utils.groups``
+(layout, getters, registration, bad sizes) on 4 ranks, and the upstream import paths."""
+import pytest
+
+from deepspeed.testing import run_distributed
+
+
+def _groups_layout():
+    import torch
+
+    import deepspeed.comm as dist
+    from deepspeed.utils import groups
+
+    previous = groups.mpu
+    try:
+        unit = groups.init_tensor_parallel_groups(2)
+        assert groups.init_tensor_parallel_groups(2) is unit  # built once per size and world
+        assert groups._init_tp_mesh_device(2, data_parallel_size=2) is unit
+        rank = dist.get_rank()
+        assert unit.tp_ranks == [rank - rank % 2, rank - rank % 2 + 1]
+        assert unit.dp_ranks == [rank % 2, rank % 2 + 2]
+        assert groups.get_tensor_model_parallel_world_size() == 2
+        assert groups.get_tensor_model_parallel_rank() == rank % 2
+        assert groups.get_tensor_model_parallel_src_rank() == rank - rank % 2
+        assert groups._get_data_parallel_world_size() == 2
+        assert groups._get_data_parallel_rank() == rank // 2
+        # the groups really are those ranks: a sum over each equals the sum of its ranks
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=groups.get_tensor_model_parallel_group())
+        d = torch.tensor([float(rank)])
+        dist.all_reduce(d, group=groups._get_data_parallel_group())
+        with pytest.raises(ValueError, match="tensor parallel size 3 does not divide the world "
+                                             "size 4"):
+            groups.init_tensor_parallel_groups(3)
+        with pytest.raises(ValueError, match="data_parallel_size=4 does not match"):
+            groups._init_tp_mesh_device(2, data_parallel_size=4)
+        return float(t), float(d)
+    finally:
+        groups.set_mpu(previous)
+
+
+def test_tp_dp_groups_on_four_ranks():
+    got = run_distributed(_groups_layout, world_size=4, timeout=120)
+    assert got == [(1.0, 2.0), (1.0, 4.0), (5.0, 2.0), (5.0, 4.0)]
+
+
+def test_upstream_paths():
+    import deepspeed
+    from deepspeed.runtime.tensor_parallel import TPTrainingConfig
+    from deepspeed.runtime.tensor_parallel.config import TPConfig
+    from deepspeed.tensor_parallel.config import TensorParallelTrainingConfig
+    from deepspeed.utils.groups import TensorParallelGroups, init_tensor_parallel_groups  # noqa
+
+    assert TPTrainingConfig is TensorParallelTrainingConfig and TPConfig().tp_size == 1
+    assert TPTrainingConfig().autotp_size == 0
+    assert callable(deepspeed.tp_model_init)
