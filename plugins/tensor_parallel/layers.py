@@ -64,6 +64,26 @@ def reduce_from_tensor_parallel(x, group):
     return _ReduceFromTensorParallel.apply(x, group)
 
 
+class SharedInputCopy:
+    """One "f" per input tensor: the column-parallel Linears reading the same activation (q, k
+    and v; gate and up) share its copy, so autograd sums their input gradients first and the
+    backward all-reduces once instead of once per Linear. Holds the last input seen (by
+    identity, per grad mode) until a row-parallel Linear of the model ends the region."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        self.input = self.output = self.grad_enabled = None
+
+    def __call__(self, x, group):
+        grad_enabled = torch.is_grad_enabled()
+        if self.input is not x or self.grad_enabled != grad_enabled:
+            self.input, self.grad_enabled = x, grad_enabled
+            self.output = copy_to_tensor_parallel(x, group)
+        return self.output
+
+
 def _mark(param, dim):
     setattr(param, TENSOR_MODEL_PARALLEL, True)
     setattr(param, PARTITION_DIM, dim)
@@ -74,11 +94,12 @@ class ColumnParallelLinear(nn.Module):
     """``f(x) @ weight.T + bias`` with this rank's ``[out / tp, in]`` weight slice and
     ``[out / tp]`` bias slice; the output is this rank's slice of the features."""
 
-    def __init__(self, weight, bias, group):
+    def __init__(self, weight, bias, group, shared_copy=None):
         super().__init__()
         self.weight = _mark(weight, 0)
         self.bias = None if bias is None else _mark(bias, 0)
         self.group = group
+        self.shared_copy = shared_copy
 
     @property
     def in_features(self):
@@ -89,7 +110,9 @@ class ColumnParallelLinear(nn.Module):
         return self.weight.shape[0]
 
     def forward(self, input):
-        return F.linear(copy_to_tensor_parallel(input, self.group), self.weight, self.bias)
+        copied = (copy_to_tensor_parallel(input, self.group) if self.shared_copy is None
+                  else self.shared_copy(input, self.group))
+        return F.linear(copied, self.weight, self.bias)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features} (this rank)"
@@ -99,11 +122,12 @@ class RowParallelLinear(nn.Module):
     """``g(x_slice @ weight.T) + bias`` with this rank's ``[out, in / tp]`` weight slice and
     the whole bias (added once, after the sum); the output is whole on every rank."""
 
-    def __init__(self, weight, bias, group):
+    def __init__(self, weight, bias, group, shared_copy=None):
         super().__init__()
         self.weight = _mark(weight, 1)
         self.bias = bias
         self.group = group
+        self.shared_copy = shared_copy
 
     @property
     def in_features(self):
@@ -114,6 +138,8 @@ class RowParallelLinear(nn.Module):
         return self.weight.shape[0]
 
     def forward(self, input):
+        if self.shared_copy is not None:
+            self.shared_copy.clear()  # the column-parallel region that fed this layer ends
         output = reduce_from_tensor_parallel(F.linear(input, self.weight), self.group)
         return output if self.bias is None else output + self.bias
 
@@ -133,10 +159,11 @@ def _reuse(original, shard):
     return original
 
 
-def from_inference_layer(layer, group, original=None):
+def from_inference_layer(layer, group, original=None, shared_copy=None):
     """The training layer for an inference plugin ``LinearAllreduce`` (row parallel) or
     ``LinearLayer`` (column parallel), holding its slices in ``original``'s Parameters (the
-    ``nn.Linear`` it replaced) when given; None for any other module."""
+    ``nn.Linear`` it replaced) when given and sharing ``shared_copy`` (a
+    ``SharedInputCopy``) with the model's other layers; None for any other module."""
     from deepspeed.inference.layers import LinearAllreduce, LinearLayer
 
     if isinstance(layer, LinearAllreduce):
@@ -146,4 +173,4 @@ def from_inference_layer(layer, group, original=None):
     else:
         return None
     return cls(_reuse(getattr(original, "weight", None), layer.weight),
-               _reuse(getattr(original, "bias", None), layer.bias), group)
+               _reuse(getattr(original, "bias", None), layer.bias), group, shared_copy)

@@ -22,7 +22,8 @@ from torch import nn
 from deepspeed import comm as dist
 from deepspeed.hooks import REPLICATED_PARAM
 from deepspeed.tensor_parallel.config import SECTION, TensorParallelTrainingConfig
-from deepspeed.tensor_parallel.layers import TENSOR_MODEL_PARALLEL, from_inference_layer
+from deepspeed.tensor_parallel.layers import (TENSOR_MODEL_PARALLEL, SharedInputCopy,
+                                              from_inference_layer)
 
 _SPLIT_ATTRIBUTE = "ds_tensor_parallel_split"
 
@@ -110,8 +111,9 @@ def split_model(model, unit, row_parallel_names=None):
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     group = unit.get_tensor_model_parallel_group()
     shard_model(model, policy, unit.tp_size, unit.tp_rank, group)
+    shared_copy = SharedInputCopy()
     for name, module in list(model.named_modules()):
-        replacement = from_inference_layer(module, group, linears.get(name))
+        replacement = from_inference_layer(module, group, linears.get(name), shared_copy)
         if replacement is not None:
             _replace(model, name, replacement)
     if unit.tp_rank != 0:

@@ -54,3 +54,36 @@ def test_upstream_paths():
     assert TPTrainingConfig is TensorParallelTrainingConfig and TPConfig().tp_size == 1
     assert TPTrainingConfig().autotp_size == 0
     assert callable(deepspeed.tp_model_init)
+
+
+def _all_reduces_per_step():
+    import torch
+
+    import deepspeed
+    import deepspeed.tensor_parallel.layers as layers
+    from tp_train_helpers import registered_groups_restored, tiny_llama
+
+    with registered_groups_restored():
+        model = deepspeed.tp_model_init(tiny_llama(), tp_size=2, dtype=torch.float32)
+        calls = []
+        real = layers.dist.all_reduce
+
+        def counting(tensor, *args, **kwargs):
+            calls.append(tuple(tensor.shape))
+            return real(tensor, *args, **kwargs)
+
+        layers.dist.all_reduce = counting
+        try:
+            ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+            loss = model(input_ids=ids, labels=ids).loss
+            forward = len(calls)
+            loss.backward()
+        finally:
+            layers.dist.all_reduce = real
+        return forward, len(calls) - forward
+
+
+def test_one_all_reduce_per_region_each_way():
+    # 2 layers x (attention + MLP): forward sums o_proj and down_proj; backward all-reduces
+    # the input gradient once per region (q/k/v share one, gate/up share one)
+    assert run_distributed(_all_reduces_per_step, world_size=2, timeout=120) == [(4, 4)] * 2
