@@ -46,12 +46,12 @@ def main():
         print(f"tensor parallel {mpu.get_tensor_model_parallel_world_size()} x data parallel "
               f"{mpu.get_data_parallel_world_size()}; q_proj on this rank: "
               f"{tuple(engine.module.model.layers[0].self_attn.q_proj.weight.shape)}")
-    # a learnable toy task: repeat a random prefix; every data-parallel rank its own sequences
+    # a toy dataset of 4 batches it can memorise; every data-parallel rank its own batches
     gen = torch.Generator().manual_seed(100 + mpu.get_data_parallel_rank())
+    batches = [torch.randint(0, 128, (4, 32), generator=gen) for _ in range(4)]
     first = last = None
     for step in range(args.steps):
-        prefix = torch.randint(0, 128, (4, 16), generator=gen)
-        ids = torch.cat([prefix, prefix], dim=1)
+        ids = batches[step % len(batches)]
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()

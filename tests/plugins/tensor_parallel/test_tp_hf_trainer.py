@@ -1,7 +1,8 @@
 """The HF Trainer with ``"tensor_parallel": {"autotp_size": 2}`` (its ``tp_size``) runs under
 ``deepspeed --num_gpus 2``: both ranks train the split model with the losses of the same script
 run as one plain process, and the model ``trainer.save_model`` wrote (gathered from the shards)
-reloads with ``from_pretrained`` at full size and gives the trained model's logits."""
+reloads with ``from_pretrained`` at full size and gives the trained model's logits. The
+``examples/tensor_parallel`` script runs under the same launcher."""
 import json
 import os
 import socket
@@ -47,3 +48,16 @@ def test_hf_trainer_autotp_trains_saves_and_reloads(tmp_path):
                                    rtol=1e-5, atol=1e-5)
     assert result["max_logit_diff"] < 1e-5
     assert os.listdir(tmp_path / "tp" / "final")
+
+
+def test_example_trains_on_two_processes():
+    launcher = str(Path(sys.executable).parent / "deepspeed")
+    proc = subprocess.run([launcher, "--num_gpus", "2", "--master_port", str(_port()),
+                           "examples/tensor_parallel/train.py", "--tp", "2", "--steps", "40"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "tensor parallel 2 x data parallel 1; q_proj on this rank: (32, 64)" in out
+    assert "saved the gathered model: q_proj (64, 64)" in out
+    first, last = out.split("steps: 40 loss: ")[1].split()[0:3:2]
+    assert float(last) < float(first) - 1.0
