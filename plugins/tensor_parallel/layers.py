@@ -90,14 +90,18 @@ def _mark(param, dim):
     return param
 
 
-class ColumnParallelLinear(nn.Module):
-    """``f(x) @ weight.T + bias`` with this rank's ``[out / tp, in]`` weight slice and
-    ``[out / tp]`` bias slice; the output is this rank's slice of the features."""
+class _TensorParallelLinear(nn.Module):
+    """What both split Linears share: this rank's weight slice, cut along ``split_dim`` (0:
+    output features, 1: input features) and marked so; the bias, cut along 0 when
+    ``split_bias``; the tensor-parallel group; the model's ``SharedInputCopy``."""
+
+    split_dim = None
+    split_bias = False
 
     def __init__(self, weight, bias, group, shared_copy=None):
         super().__init__()
-        self.weight = _mark(weight, 0)
-        self.bias = None if bias is None else _mark(bias, 0)
+        self.weight = _mark(weight, self.split_dim)
+        self.bias = bias if bias is None or not self.split_bias else _mark(bias, 0)
         self.group = group
         self.shared_copy = shared_copy
 
@@ -108,43 +112,36 @@ class ColumnParallelLinear(nn.Module):
     @property
     def out_features(self):
         return self.weight.shape[0]
+
+    def extra_repr(self):
+        split = ("in_features", "out_features")[self.split_dim == 0]
+        return (f"in_features={self.in_features}, out_features={self.out_features} "
+                f"({split} of this rank)")
+
+
+class ColumnParallelLinear(_TensorParallelLinear):
+    """``f(x) @ weight.T + bias`` with this rank's ``[out / tp, in]`` weight slice and
+    ``[out / tp]`` bias slice; the output is this rank's slice of the features."""
+
+    split_dim, split_bias = 0, True
 
     def forward(self, input):
         copied = (copy_to_tensor_parallel(input, self.group) if self.shared_copy is None
                   else self.shared_copy(input, self.group))
         return F.linear(copied, self.weight, self.bias)
 
-    def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features} (this rank)"
 
-
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_TensorParallelLinear):
     """``g(x_slice @ weight.T) + bias`` with this rank's ``[out, in / tp]`` weight slice and
     the whole bias (added once, after the sum); the output is whole on every rank."""
 
-    def __init__(self, weight, bias, group, shared_copy=None):
-        super().__init__()
-        self.weight = _mark(weight, 1)
-        self.bias = bias
-        self.group = group
-        self.shared_copy = shared_copy
-
-    @property
-    def in_features(self):
-        return self.weight.shape[1]
-
-    @property
-    def out_features(self):
-        return self.weight.shape[0]
+    split_dim, split_bias = 1, False
 
     def forward(self, input):
         if self.shared_copy is not None:
             self.shared_copy.clear()  # the column-parallel region that fed this layer ends
         output = reduce_from_tensor_parallel(F.linear(input, self.weight), self.group)
         return output if self.bias is None else output + self.bias
-
-    def extra_repr(self):
-        return f"in_features={self.in_features} (this rank), out_features={self.out_features}"
 
 
 def _reuse(original, shard):

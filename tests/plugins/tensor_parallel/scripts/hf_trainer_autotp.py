@@ -19,19 +19,13 @@ import sys
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
+# the random token dataset of the HF end-to-end scripts
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 3,
+                                "e2e", "scripts"))
+from hf_tiny_data import RandomTokens  # noqa: E402
+
 argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
 output_dir, reference = argv[0], argv[1:] == ["reference"]
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n=32, seq=16):
-        self.x = torch.randint(0, 64, (n, seq), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 class RecordingTrainer(Trainer):
