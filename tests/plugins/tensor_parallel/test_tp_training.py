@@ -2,7 +2,8 @@
 ``tp_model_init(tp_size=2)`` on 2 ranks (TP 2) and on 4 ranks (TP 2 x DP 2, ZeRO-1 and
 ZeRO-2) train a tiny Llama with AdamW and a gradient clip that bites, and every step's loss
 (averaged over the data-parallel ranks), the global gradient norm and the gathered weights
-(``_consolidated_16bit_state_dict``, ``save_16bit_model``) equal the reference's to 1e-5."""
+(``_consolidated_16bit_state_dict``, ``save_16bit_model``) equal the reference's to 1e-5.
+``engine.deepspeed_io`` feeds the ranks of a tensor-parallel group the same samples."""
 import os
 
 import pytest
@@ -44,6 +45,12 @@ def _train_tp(tp, zero_stage, save_dir):
         assert engine.dp_world_size == dp and engine.mpu.get_model_parallel_world_size() == tp
         assert engine.zero_gather_16bit_weights_on_model_save()
         dp_rank = engine.mpu.get_data_parallel_rank()
+        # the engine's loader gives the ranks of a tensor-parallel group the same samples
+        loader = engine.deepspeed_io(torch.arange(16 * dp).float().view(-1, 1))
+        seen = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, next(iter(loader)).flatten().tolist())
+        assert seen == [seen[(r // tp) * tp] for r in range(len(seen))]
+        assert len({tuple(s) for s in seen}) == dp
         losses, norms = [], []
         for ids in batches:
             mine = ids[dp_rank * MICRO:(dp_rank + 1) * MICRO]
