@@ -109,6 +109,7 @@ def split_model(model, unit, row_parallel_names=None):
     else:
         policy = AutoTP.tp_parser(model)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     group = unit.get_tensor_model_parallel_group()
     shard_model(model, policy, unit.tp_size, unit.tp_rank, group)
     shared_copy = SharedInputCopy()
@@ -116,12 +117,28 @@ def split_model(model, unit, row_parallel_names=None):
         replacement = from_inference_layer(module, group, linears.get(name), shared_copy)
         if replacement is not None:
             _replace(model, name, replacement)
+    _check_still_trainable(model, trainable)
     if unit.tp_rank != 0:
         for param in model.parameters():
             if not getattr(param, TENSOR_MODEL_PARALLEL, False):
                 setattr(param, REPLICATED_PARAM, True)
     setattr(model, _SPLIT_ATTRIBUTE, TensorParallelSplit(unit, tuple(policy)))
     return model
+
+
+def _check_still_trainable(model, trainable):
+    """Every parameter that trained before the split still does: a module AutoTP split into a
+    layer with no training counterpart here (frozen inference weights, no autograd through
+    its communication) would otherwise train silently wrong."""
+    now = dict(model.named_parameters())
+    lost = sorted(name for name in trainable if name not in now or not now[name].requires_grad)
+    if lost:
+        owners = sorted({type(model.get_submodule(n.rpartition(".")[0])).__name__
+                         for n in lost if n in now})
+        raise NotImplementedError(
+            f"AutoTP split {len(lost)} trainable parameter(s) into layers tensor-parallel "
+            f"training has no counterpart for ({', '.join(owners) or 'removed'}; e.g. "
+            f"{lost[:3]}); only Linear layers inside transformer blocks are split for training")
 
 
 def _replace(root, name, new):

@@ -159,3 +159,17 @@ def test_section_validation():
                          ({"tensor_parallel": {"tp_size": 2}}, "autotp_size")]:
         with pytest.raises(DeepSpeedConfigError, match=message):
             DeepSpeedConfig({**base, "tensor_parallel": bad}, world_size=2)
+
+
+def test_a_split_that_freezes_weights_is_refused():
+    """A layer AutoTP might split that training has no counterpart for (say an inference-only
+    vocab-parallel embedding with frozen weights) fails loudly instead of training wrong."""
+    from torch import nn
+
+    from deepspeed.tensor_parallel.shard import _check_still_trainable
+
+    model = nn.Sequential(nn.Embedding(4, 2), nn.Linear(2, 2))
+    _check_still_trainable(model, {"0.weight", "1.weight", "1.bias"})
+    model[0].weight.requires_grad_(False)
+    with pytest.raises(NotImplementedError, match=r"Embedding.*\['0.weight'\]"):
+        _check_still_trainable(model, {"0.weight", "1.weight", "1.bias"})
