@@ -87,3 +87,38 @@ def test_tp2_on_two_ranks_equals_single_process(tmp_path):
 @pytest.mark.parametrize("zero_stage", [1, 2])
 def test_tp2_dp2_with_zero_equals_single_process(tmp_path, zero_stage):
     run_distributed(_train_tp, world_size=4, args=(2, zero_stage, str(tmp_path)), timeout=240)
+
+
+def _bf16_first_step(tp):
+    import deepspeed
+    from tp_train_helpers import ds_config, global_batches, registered_groups_restored, \
+        tiny_llama, train_reference
+
+    with registered_groups_restored():
+        model = tiny_llama()
+        batches = global_batches(1, 1)
+        ref_losses, ref_norms, _ = train_reference(model, batches, LR, CLIP)
+        model = deepspeed.tp_model_init(model, tp_size=tp, dtype=torch.bfloat16)
+        assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+        engine, *_ = deepspeed.initialize(model=model, config=ds_config(
+            tp, 1, LR, CLIP, bf16={"enabled": True}), model_parameters=model.parameters())
+        ids = batches[0]
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        gathered = engine._consolidated_16bit_state_dict()
+        if gathered is not None:
+            assert gathered["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+            assert gathered["model.layers.0.mlp.up_proj.weight"].shape == (64, 32)
+        engine.destroy()
+        return loss.item(), engine.get_global_grad_norm(), ref_losses[0], ref_norms[0]
+
+
+def test_bf16_with_zero1_measures_the_global_norm():
+    # bf16 weights and activations: the first step's loss and gradient norm are the fp32
+    # reference's to bf16 precision (a norm counting the replicated weights twice, or missing
+    # the other rank's shards, would be off by far more)
+    for loss, norm, ref_loss, ref_norm in run_distributed(_bf16_first_step, world_size=2,
+                                                          args=(2,), timeout=180):
+        assert abs(loss - ref_loss) < 2e-2 * ref_loss
+        assert abs(norm - ref_norm) < 2e-2 * ref_norm
