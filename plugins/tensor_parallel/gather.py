@@ -30,10 +30,26 @@ def full_state_dict(module, unit, exclude_frozen_parameters=False):
         if param is None:
             full[name] = tensor
             continue
-        pieces = [torch.empty_like(tensor) for _ in range(size)]
-        dist.all_gather(pieces, tensor.contiguous(), group=group)
-        full[name] = torch.cat(pieces, dim=getattr(param, PARTITION_DIM))
+        full[name] = _gather_along(tensor, getattr(param, PARTITION_DIM), group, size)
     return full if dist.get_rank() == 0 else None
+
+
+def _gather_along(tensor, dim, group, size):
+    """The group's slices of one tensor joined along ``dim``; slices may differ in length
+    there (AutoTP cuts a size ``tp_size`` does not divide unevenly), so each is padded to the
+    longest for the all-gather and trimmed after."""
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(lengths, torch.tensor([tensor.shape[dim]], dtype=torch.int64), group=group)
+    lengths = [int(n) for n in lengths]
+    longest = max(lengths)
+    padded = tensor.contiguous()
+    if tensor.shape[dim] < longest:
+        shape = list(tensor.shape)
+        shape[dim] = longest - tensor.shape[dim]
+        padded = torch.cat([padded, padded.new_zeros(shape)], dim=dim)
+    pieces = [torch.empty_like(padded) for _ in range(size)]
+    dist.all_gather(pieces, padded, group=group)
+    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(pieces, lengths)], dim=dim)
 
 
 def save_full_model(module, unit, save_dir, save_filename, exclude_frozen_parameters=False):

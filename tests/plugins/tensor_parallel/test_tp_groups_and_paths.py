@@ -87,3 +87,35 @@ def test_one_all_reduce_per_region_each_way():
     # 2 layers x (attention + MLP): forward sums o_proj and down_proj; backward all-reduces
     # the input gradient once per region (q/k/v share one, gate/up share one)
     assert run_distributed(_all_reduces_per_step, world_size=2, timeout=120) == [(4, 4)] * 2
+
+
+def _uneven_gather():
+    import torch
+    from torch import nn
+
+    from deepspeed.tensor_parallel.gather import full_state_dict
+    from deepspeed.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from deepspeed.utils import groups
+
+    previous = groups.mpu
+    try:
+        unit = groups.init_tensor_parallel_groups(2)
+        full_up, full_down = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)), \
+            torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+        rows = (0, 3) if unit.tp_rank == 0 else (3, 2)  # 5 rows cut 3 + 2
+        model = nn.Sequential(
+            ColumnParallelLinear(nn.Parameter(full_up.narrow(0, *rows).clone()), None,
+                                 unit.tp_group),
+            RowParallelLinear(nn.Parameter(full_down.narrow(1, *rows).clone()), None,
+                              unit.tp_group))
+        state = full_state_dict(model, unit)
+        if state is None:
+            return None
+        return torch.equal(state["0.weight"], full_up) and torch.equal(state["1.weight"],
+                                                                       full_down)
+    finally:
+        groups.set_mpu(previous)
+
+
+def test_gather_joins_uneven_slices():
+    assert run_distributed(_uneven_gather, world_size=2, timeout=120) == [True, None]
