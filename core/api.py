@@ -80,20 +80,25 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
 def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
     """Split ``model``'s layers across ``tp_size`` tensor-parallel ranks for AutoTP training
-    (Transformers calls it when the config sets ``tensor_parallel.autotp_size`` > 1).
+    (Transformers calls it when the config sets ``tensor_parallel.autotp_size`` > 1); returns
+    the model to pass to ``deepspeed.initialize``.
 
-    ``tp_size`` 1 is no tensor parallelism: the model comes back unchanged. Larger sizes need
-    the tensor-parallel plugin that owns the ``tensor_parallel`` section; this build ships none,
-    so the call fails with the same message a config naming that section gets, rather than an
-    ``AttributeError`` deep inside Transformers.
+    ``tp_size`` 1 is no tensor parallelism: the model comes back unchanged. Larger sizes go to
+    the plugin owning the ``tensor_parallel`` section (``deepspeed_tp_model_init``; the core
+    never imports it); without one installed the call fails with the same message a config
+    naming that section gets, rather than an ``AttributeError`` deep inside Transformers.
     """
     from deepspeed.config.errors import DeepSpeedConfigError
-    from deepspeed.config.feature_sections import missing_plugin_problem
+    from deepspeed.config.feature_sections import TP_MODEL_INIT_SECTION, missing_plugin_problem
     from deepspeed.utils.arg_checks import check_int
 
     if check_int("tp_size", tp_size, 1) == 1:
         return model
-    raise DeepSpeedConfigError(missing_plugin_problem("tensor_parallel"))
+    split = PluginCatalog().installed_hook.deepspeed_tp_model_init(
+        model=model, tp_size=tp_size, dtype=dtype, config=config, kwargs=dict(kwargs))
+    if split is None:
+        raise DeepSpeedConfigError(missing_plugin_problem(TP_MODEL_INIT_SECTION))
+    return split
 
 
 INFERENCE_PLUGIN = "inference"

@@ -56,6 +56,14 @@ class DeepSpeedEngine(torch.nn.Module):
 
         self.device = torch.device(get_accelerator().current_device_name())
         self.local_rank = dist.get_local_rank()
+        # a plugin that splits the model itself (AutoTP training) brings its own groups; the
+        # global gradient norm then also sums over its model-parallel group
+        self._norm_group = None
+        unit = self.hook.deepspeed_model_parallel_unit(engine=self, config=config, mpu=mpu)
+        if unit is not None:
+            self.mpu = mpu = unit
+            if mpu.get_model_parallel_world_size() > 1:
+                self._norm_group = mpu.get_model_parallel_group()
         self.dp_group = mpu.get_data_parallel_group() if mpu is not None else None
         self._previous_mpu = None
         if mpu is not None:  # deepspeed.utils.groups answers integrations from this unit
@@ -326,7 +334,10 @@ class DeepSpeedEngine(torch.nn.Module):
         (a full pass over the gradients every step), and ``get_global_grad_norm()`` is None."""
         clip = self.config.gradient_clipping
         if clip and clip > 0:
-            self._global_grad_norm = self.precision.clip_grad_norm(clip)
+            self._global_grad_norm = (self.precision.clip_grad_norm(clip)
+                                      if self._norm_group is None else
+                                      self.precision.clip_grad_norm(clip,
+                                                                    norm_group=self._norm_group))
 
     def _report_progress(self):
         every = self.config.steps_per_print

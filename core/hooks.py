@@ -5,13 +5,13 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - A plugin implements a hook by defining a function of the same name decorated with
   ``@deepspeed.hookimpl``. It may accept any *subset* of the arguments listed here, so new
   arguments can be added to a hook without breaking existing plugins.
-- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Five
+- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Six
   exceptions are asked of every installed plugin because no engine exists when they are needed:
   ``deepspeed_config_sections`` (the config has to be validated before anyone knows which
   plugins it enables), ``deepspeed_engine_for_model`` / ``deepspeed_enable_for_model`` (a model
   may need a plugin, which the config cannot say), ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
-  engine) and ``deepspeed_init_inference`` (``deepspeed.init_inference`` builds no training
-  engine).
+  engine), ``deepspeed_init_inference`` (``deepspeed.init_inference`` builds no training
+  engine) and ``deepspeed_tp_model_init`` (``deepspeed.tp_model_init`` runs before one).
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
   Other hooks call every implementation; their return values are ignored unless documented.
@@ -90,9 +90,43 @@ def deepspeed_init_inference(model, config, kwargs):
     answer, ``init_inference`` raises an error naming that plugin."""
 
 
+@hookspec(firstresult=True)
+def deepspeed_tp_model_init(model, tp_size, dtype, config, kwargs):
+    """Split ``model`` for tensor-parallel training over ``tp_size`` ranks
+    (``deepspeed.tp_model_init(model, tp_size, dtype, config=None, **kwargs)``, which
+    Transformers calls before ``deepspeed.initialize`` when the config sets
+    ``tensor_parallel.autotp_size`` > 1), first result wins. ``config`` is what the caller
+    passed (the training config dict, a JSON path, or None), ``kwargs`` the other keyword
+    arguments. Return the model, or None to leave the call to another plugin.
+
+    Asked of every *installed* plugin (no engine exists yet; only called for ``tp_size`` > 1);
+    the ``tensor_parallel`` plugin answers it. With no answer the call fails naming the
+    ``tensor_parallel`` section's missing plugin."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Engine set-up, in the order the engine calls them
 # ---------------------------------------------------------------------------------------------
+@hookspec(firstresult=True)
+def deepspeed_model_parallel_unit(engine, config, mpu):
+    """The model-parallel unit (an ``mpu``: ``get_data_parallel_group()``,
+    ``get_model_parallel_group()`` ...) of an engine whose plugin splits the model itself
+    (AutoTP training), first result wins. ``mpu`` is the caller's (``deepspeed.initialize(
+    mpu=...)``, or None): return it or your own unit, or raise when the two cannot work
+    together. Called in the engine's constructor, after the config is validated and before
+    anything reads the data-parallel group; ``engine.module`` is the model (the plugin may
+    split it in place, keeping its Parameter objects). Return None when this plugin does not
+    split the model.
+
+    The engine then uses the answer like a caller's ``mpu`` (gradients averaged and ZeRO
+    partitions laid out over its data-parallel group, checkpoints written per model-parallel
+    rank, ``deepspeed.utils.groups`` answering from it) and also sums the global gradient norm
+    over its model-parallel group when that has more than one rank: the plugin marks
+    ``REPLICATED_PARAM`` on the parameter copies another rank of that group counts. (The
+    config's batch arithmetic was done before, over every rank: ``train_batch_size`` counts
+    each tensor-parallel rank's micro-batch, as Transformers' "auto" values do.)"""
+
+
 @hookspec
 def deepspeed_engine_init(engine, config):
     """Called once per engine, after the config is validated, the distributed backend is up and

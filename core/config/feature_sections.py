@@ -29,6 +29,10 @@ FEATURE_SECTIONS: Dict[str, str] = {
     "tensor_parallel": "AutoTP tensor-parallel training",
 }
 
+#: the section of the plugin that answers ``deepspeed.tp_model_init``
+#: (``deepspeed_tp_model_init``); named when no installed plugin does
+TP_MODEL_INIT_SECTION = "tensor_parallel"
+
 
 def missing_plugin_problem(key: str) -> str:
     feature = FEATURE_SECTIONS[key]

@@ -7,7 +7,9 @@ underscores. The answers come from one registered *model-parallel unit* (``mpu``
 following Megatron's convention (``get_data_parallel_group()``,
 ``get_model_parallel_world_size()``, ``get_sequence_parallel_group()``, ...). The engine
 registers the ``mpu`` passed to ``deepspeed.initialize``; a parallelism feature (sequence
-parallelism, tensor parallelism) registers its own when it builds its groups. Without one, every
+parallelism, tensor parallelism) registers its own when it builds its groups: AutoTP training's
+tensor x data parallel groups are built here (``init_tensor_parallel_groups``,
+``TensorParallelGroups``). Without one, every
 rank is pure data parallel: the data-parallel group is the world, and model / sequence parallel
 sizes are 1.
 
@@ -91,6 +93,106 @@ def _get_model_parallel_rank():
 get_tensor_model_parallel_group = _get_model_parallel_group
 get_tensor_model_parallel_world_size = _get_model_parallel_world_size
 get_tensor_model_parallel_rank = _get_model_parallel_rank
+
+
+# ---------------------------------------------------------------- tensor x data parallel
+class TensorParallelGroups:
+    """A model-parallel unit for AutoTP training: ``tp_size`` consecutive ranks share one
+    model split by tensor parallelism, the ranks with the same tensor-parallel rank form the
+    data-parallel groups (the Megatron layout, the one Accelerate's ``tp`` device mesh assumes
+    when it gives every rank of a tensor-parallel group the same batches): ``rank = dp_rank *
+    tp_size + tp_rank``. TP 2 x DP 2: tensor-parallel groups [0, 1], [2, 3]; data-parallel
+    [0, 2], [1, 3].
+
+    Building it is collective (every rank creates every group, in the same order). It answers
+    the Megatron getters (``get_tensor_model_parallel_group()`` / ``get_model_parallel_*`` and
+    ``get_data_parallel_*``), so it is what ``deepspeed.initialize(mpu=...)``, the engine and
+    ``deepspeed.utils.groups`` read; ``init_tensor_parallel_groups`` registers it. Features
+    that overlap tensor-parallel communication (Domino) take their groups from here."""
+
+    def __init__(self, tp_size):
+        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+            raise ValueError(f"tensor parallel size must be a positive int, got {tp_size!r}")
+        if not dist.is_initialized():
+            raise RuntimeError(f"tensor parallelism (tp_size={tp_size}) needs the distributed "
+                               f"backend: call deepspeed.init_distributed() first")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world % tp_size:
+            raise ValueError(f"tensor parallel size {tp_size} does not divide the world size "
+                             f"{world}; use a tp_size that divides it (the other factor is the "
+                             f"data-parallel size)")
+        self.tp_size, self.dp_size = tp_size, world // tp_size
+        self.tp_rank, self.dp_rank = rank % tp_size, rank // tp_size
+        self.world = dist.get_world_group()
+        self.tp_ranks = self.dp_ranks = None
+        self.tp_group = self.dp_group = None
+        for first in range(0, world, tp_size):
+            ranks = list(range(first, first + tp_size))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                self.tp_group, self.tp_ranks = group, ranks
+        for tp_rank in range(tp_size):
+            ranks = list(range(tp_rank, world, tp_size))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                self.dp_group, self.dp_ranks = group, ranks
+
+    def get_tensor_model_parallel_group(self):
+        return self.tp_group
+
+    def get_tensor_model_parallel_world_size(self):
+        return self.tp_size
+
+    def get_tensor_model_parallel_rank(self):
+        return self.tp_rank
+
+    def get_tensor_model_parallel_src_rank(self):
+        """Global rank of the first member of this rank's tensor-parallel group."""
+        return self.tp_ranks[0]
+
+    get_model_parallel_group = get_tensor_model_parallel_group
+    get_model_parallel_world_size = get_tensor_model_parallel_world_size
+    get_model_parallel_rank = get_tensor_model_parallel_rank
+
+    def get_data_parallel_group(self):
+        return self.dp_group
+
+    def get_data_parallel_world_size(self):
+        return self.dp_size
+
+    def get_data_parallel_rank(self):
+        return self.dp_rank
+
+
+def init_tensor_parallel_groups(tensor_model_parallel_size):
+    """Build the tensor x data parallel groups for ``tensor_model_parallel_size`` and register
+    them as the model-parallel unit these getters answer from; returns the
+    ``TensorParallelGroups``. Collective. The same size again, in the same world, returns the
+    registered unit without building new groups."""
+    current = mpu
+    if (isinstance(current, TensorParallelGroups) and current.world is dist.get_world_group()
+            and current.tp_size == tensor_model_parallel_size):
+        return current
+    unit = TensorParallelGroups(tensor_model_parallel_size)
+    set_mpu(unit)
+    return unit
+
+
+def _init_tp_mesh_device(tensor_model_parallel_size=1, data_parallel_size=None):
+    """Upstream's spelling of ``init_tensor_parallel_groups``; ``data_parallel_size``, when
+    given, must be the world size divided by ``tensor_model_parallel_size``."""
+    unit = init_tensor_parallel_groups(tensor_model_parallel_size)
+    if data_parallel_size is not None and data_parallel_size != unit.dp_size:
+        raise ValueError(f"data_parallel_size={data_parallel_size} does not match the world "
+                         f"size {dist.get_world_size()} / tensor_model_parallel_size "
+                         f"{tensor_model_parallel_size} = {unit.dp_size}")
+    return unit
+
+
+def get_tensor_model_parallel_src_rank():
+    """Global rank of the first member of this rank's tensor-parallel group (the rank whose
+    batch the others of the group would receive)."""
+    return dist.get_global_rank(_get_model_parallel_group(), 0)
 
 
 # ---------------------------------------------------------------- sequence parallel

@@ -86,12 +86,16 @@ def test_move_to_device_keeps_container_types():
     assert [t.device.type for t in only_big] == ["cpu", "meta"]
 
 
-def test_tp_model_init():
+def test_tp_model_init(monkeypatch):
     import deepspeed
+    import deepspeed.api
     from deepspeed.config import DeepSpeedConfigError
+    from deepspeed.plugin_manager import PluginCatalog
 
     model = torch.nn.Linear(2, 2)
     assert deepspeed.tp_model_init(model, tp_size=1, dtype=torch.float32) is model
+    # without a plugin answering deepspeed_tp_model_init (the tensor_parallel plugin does)
+    monkeypatch.setattr(deepspeed.api, "PluginCatalog", lambda: PluginCatalog(specs={}))
     with pytest.raises(DeepSpeedConfigError, match="'tensor_parallel'.*no installed plugin"):
         deepspeed.tp_model_init(model=model, tp_size=2, dtype=torch.bfloat16, config={})
     with pytest.raises(ValueError, match="tp_size must be a positive integer, got 0"):

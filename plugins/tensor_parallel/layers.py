@@ -1,0 +1,173 @@
+"""The two tensor-parallel Linear layers of AutoTP *training*, and the two communication ops
+that make autograd through them exact (Megatron's conjugate pair "f" and "g").
+
+A transformer block split by AutoTP runs, on each rank of the tensor-parallel group,
+
+    x (whole) -> f -> column-parallel Linears (q/k/v, gate/up: this rank's output slice)
+              -> ...  (attention over this rank's heads, the activation)
+              -> row-parallel Linear (o_proj, down_proj: this rank's input slice) -> g -> out
+
+- ``g`` (``reduce_from_tensor_parallel``): forward all-reduces the partial sums, so ``out`` is
+  the unsplit block's output on every rank; backward passes the gradient through unchanged
+  (every rank's partial sum contributed with weight 1).
+- ``f`` (``copy_to_tensor_parallel``): forward is the identity; backward all-reduces the input
+  gradient, since each rank's column slice only saw part of the use of ``x``. After it, the
+  gradient reaching the replicated layers (norms, embeddings) is the whole one on every rank.
+
+The inference plugin's ``LinearAllreduce`` / ``LinearLayer`` do the same forward without
+autograd (frozen weights, a plain all-reduce); ``from_inference_layer`` turns them into these.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepspeed import comm as dist
+
+#: set on a parameter split over the tensor-parallel group (Megatron's attribute names):
+#: ``tensor_model_parallel`` True and ``partition_dim`` the dimension it was cut along
+TENSOR_MODEL_PARALLEL = "tensor_model_parallel"
+PARTITION_DIM = "partition_dim"
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def copy_to_tensor_parallel(x, group):
+    """Identity forward, gradient all-reduced over ``group`` backward ("f")."""
+    return _CopyToTensorParallel.apply(x, group)
+
+
+def reduce_from_tensor_parallel(x, group):
+    """All-reduce over ``group`` forward, identity backward ("g")."""
+    return _ReduceFromTensorParallel.apply(x, group)
+
+
+class SharedInputCopy:
+    """One "f" per input tensor: the column-parallel Linears reading the same activation (q, k
+    and v; gate and up) share its copy, so autograd sums their input gradients first and the
+    backward all-reduces once instead of once per Linear. Holds the last input seen (by
+    identity, per grad mode) until a row-parallel Linear of the model ends the region."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        self.input = self.output = self.grad_enabled = None
+
+    def __call__(self, x, group):
+        grad_enabled = torch.is_grad_enabled()
+        if self.input is not x or self.grad_enabled != grad_enabled:
+            self.input, self.grad_enabled = x, grad_enabled
+            self.output = copy_to_tensor_parallel(x, group)
+        return self.output
+
+
+def _mark(param, dim):
+    setattr(param, TENSOR_MODEL_PARALLEL, True)
+    setattr(param, PARTITION_DIM, dim)
+    return param
+
+
+class _TensorParallelLinear(nn.Module):
+    """What both split Linears share: this rank's weight slice, cut along ``split_dim`` (0:
+    output features, 1: input features) and marked so; the bias, cut along 0 when
+    ``split_bias``; the tensor-parallel group; the model's ``SharedInputCopy``."""
+
+    split_dim = None
+    split_bias = False
+
+    def __init__(self, weight, bias, group, shared_copy=None):
+        super().__init__()
+        self.weight = _mark(weight, self.split_dim)
+        self.bias = bias if bias is None or not self.split_bias else _mark(bias, 0)
+        self.group = group
+        self.shared_copy = shared_copy
+
+    @property
+    def in_features(self):
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self):
+        return self.weight.shape[0]
+
+    def extra_repr(self):
+        split = ("in_features", "out_features")[self.split_dim == 0]
+        return (f"in_features={self.in_features}, out_features={self.out_features} "
+                f"({split} of this rank)")
+
+
+class ColumnParallelLinear(_TensorParallelLinear):
+    """``f(x) @ weight.T + bias`` with this rank's ``[out / tp, in]`` weight slice and
+    ``[out / tp]`` bias slice; the output is this rank's slice of the features."""
+
+    split_dim, split_bias = 0, True
+
+    def forward(self, input):
+        copied = (copy_to_tensor_parallel(input, self.group) if self.shared_copy is None
+                  else self.shared_copy(input, self.group))
+        return F.linear(copied, self.weight, self.bias)
+
+
+class RowParallelLinear(_TensorParallelLinear):
+    """``g(x_slice @ weight.T) + bias`` with this rank's ``[out, in / tp]`` weight slice and
+    the whole bias (added once, after the sum); the output is whole on every rank."""
+
+    split_dim, split_bias = 1, False
+
+    def forward(self, input):
+        if self.shared_copy is not None:
+            self.shared_copy.clear()  # the column-parallel region that fed this layer ends
+        output = reduce_from_tensor_parallel(F.linear(input, self.weight), self.group)
+        return output if self.bias is None else output + self.bias
+
+
+def _reuse(original, shard):
+    """``original`` (the unsplit layer's Parameter) now holding ``shard``'s slice: the same
+    Parameter object, so references taken before the split (``model.parameters()`` handed to
+    ``deepspeed.initialize``, an optimizer's param groups) step the split weights."""
+    if shard is None:
+        return None
+    if original is None:
+        return nn.Parameter(shard.data)
+    original.data = shard.data
+    return original
+
+
+def from_inference_layer(layer, group, original=None, shared_copy=None):
+    """The training layer for an inference plugin ``LinearAllreduce`` (row parallel) or
+    ``LinearLayer`` (column parallel), holding its slices in ``original``'s Parameters (the
+    ``nn.Linear`` it replaced) when given and sharing ``shared_copy`` (a
+    ``SharedInputCopy``) with the model's other layers; None for any other module."""
+    from deepspeed.inference.layers import LinearAllreduce, LinearLayer
+
+    if isinstance(layer, LinearAllreduce):
+        cls = RowParallelLinear
+    elif isinstance(layer, LinearLayer):
+        cls = ColumnParallelLinear
+    else:
+        return None
+    return cls(_reuse(getattr(original, "weight", None), layer.weight),
+               _reuse(getattr(original, "bias", None), layer.bias), group, shared_copy)

@@ -1,0 +1,3 @@
+"""``deepspeed.runtime.tensor_parallel`` (upstream path) -> ``deepspeed.tensor_parallel``."""
+from deepspeed.tensor_parallel.config import TensorParallelTrainingConfig as TPTrainingConfig  # noqa: F401
+from deepspeed.tensor_parallel.config import TPConfig  # noqa: F401
