@@ -1,0 +1,43 @@
+"""MixZ++: frozen (``requires_grad=False``) weights *stored* quantized.
+
+Each frozen, non-persistent ZeRO-3 parameter's shard becomes int8 with one fp32 scale per
+``WEIGHT_BLOCK`` elements (about 1/4 of fp32, 1/2 of bf16/fp16); its ``ds_tensor`` becomes an
+empty placeholder. Gathers move the stored bytes as they are (no quantization at run time) and
+dequantize into the parameter's dtype. The engine does this at ``initialize`` with
+``zero_quantized_nontrainable_weights``; ``optimizer.quantize_nontrainable_params()`` does it
+again for weights frozen later (LoRA applied after ``initialize``).
+"""
+import torch
+
+from deepspeed.zero.zeropp.quantize import WEIGHT_BLOCK, packed_nbytes, quantize_packed
+
+
+def is_stored_quantized(param):
+    return getattr(param, "ds_quantized", None) is not None
+
+
+def quantize_frozen(params):
+    """Quantize the shards of the frozen parameters among ``params``; returns how many."""
+    done = 0
+    with torch.no_grad():
+        for param in params:
+            if param.requires_grad or not hasattr(param, "ds_id") or param.ds_persist \
+                    or is_stored_quantized(param):
+                continue
+            shard = param.ds_partitioner.fetch(param)
+            param.ds_quantized = quantize_packed(shard, WEIGHT_BLOCK)
+            param.ds_quantized_numel = shard.numel()
+            param.ds_tensor = torch.empty(0, dtype=shard.dtype, device=shard.device)
+            done += 1
+    return done
+
+
+def stored_bytes(param):
+    """Bytes a frozen parameter's shard occupies (quantized or not)."""
+    if is_stored_quantized(param):
+        return param.ds_quantized.numel()
+    return param.ds_tensor.numel() * param.ds_tensor.element_size()
+
+
+def quantized_nbytes(numel):
+    return packed_nbytes(numel, WEIGHT_BLOCK, 8)

@@ -1,0 +1,74 @@
+"""Triton kernels for int8 block quantize / dequantize (the GPU path of ``quantize.py``).
+
+One program per block: load the block, reduce its absmax, write one fp32 scale and the rounded
+integers (half away from zero, as the torch path). Runs on CUDA tensors, and on CPU tensors
+under ``TRITON_INTERPRET=1`` (how the CPU test checks it against the torch path).
+"""
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton is optional
+    triton = None
+
+
+def available():
+    return triton is not None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, BLOCK: tl.constexpr):
+        block = tl.program_id(0)
+        offs = block * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
+        scale = tl.max(tl.abs(x), axis=0) / 127.0
+        scale = tl.where(scale > 0, scale, 1.0)
+        y = x / scale
+        r = tl.where(y >= 0, tl.floor(y + 0.5), -tl.floor(-y + 0.5))
+        r = tl.minimum(tl.maximum(r, -127.0), 127.0)
+        tl.store(q_ptr + offs, r.to(tl.int8))
+        tl.store(scale_ptr + block, scale)
+
+    @triton.jit
+    def _dequantize_kernel(q_ptr, scale_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+        block = tl.program_id(0)
+        offs = block * BLOCK + tl.arange(0, BLOCK)
+        q = tl.load(q_ptr + offs).to(tl.float32)
+        scale = tl.load(scale_ptr + block)
+        tl.store(out_ptr + offs, (q * scale).to(out_ptr.dtype.element_ty), mask=offs < numel)
+
+
+def _check(block):
+    if triton is None:
+        raise RuntimeError("the Triton quantization kernels need the 'triton' package")
+    if block & (block - 1):
+        raise ValueError(f"the Triton quantization kernels need a power-of-two block, got {block}")
+
+
+def quantize(x, block):
+    """(q int8 (nblocks, block), scales fp32 (nblocks,)) of flat ``x``, as ``quantize.quantize``."""
+    _check(block)
+    x = x.reshape(-1).contiguous()
+    nblocks = -(-max(x.numel(), 1) // block)
+    q = torch.empty(nblocks, block, dtype=torch.int8, device=x.device)
+    scales = torch.empty(nblocks, dtype=torch.float32, device=x.device)
+    _quantize_kernel[(nblocks,)](x, q, scales, x.numel(), BLOCK=block)
+    return q, scales
+
+
+def dequantize(q, scales, numel, dtype=torch.float32):
+    _check(q.shape[-1])
+    out = torch.empty(numel, dtype=dtype, device=q.device)
+    _dequantize_kernel[(q.shape[0],)](q.contiguous(), scales.contiguous(), out, numel,
+                                      BLOCK=q.shape[-1])
+    return out
+
+
+def interpreting():
+    """True under ``TRITON_INTERPRET=1`` (kernels run on the CPU, for tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
