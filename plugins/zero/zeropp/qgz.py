@@ -19,14 +19,16 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.zero.shard_comm import plain_reduce_scatter
-from deepspeed.zero.zeropp.quantize import GRAD_BLOCK, dequantize_rows, pack, quantize
+from deepspeed.zero.zeropp.quantize import GRAD_BLOCK, dequantize_rows, fit_block, pack, quantize
 
 GRAD_BITS = 4
 
 
-def pack_rows(rows, block, bits):
-    """Each row of ``rows`` (P, n) quantized on its own block grid; packed row after row."""
+def pack_rows(rows, target, bits):
+    """Each row of ``rows`` (P, n) quantized on its own block grid (``fit_block``), packed row
+    after row: what ``dequantize_rows`` decodes."""
     count, numel = rows.shape
+    block = fit_block(numel, target)
     nblocks = -(-max(numel, 1) // block)
     padded = torch.zeros(count, nblocks * block, dtype=torch.float32, device=rows.device)
     padded[:, :numel] = rows

@@ -19,6 +19,16 @@ GRAD_BLOCK = 256  # qgZ elements per scale
 SCALE_BYTES = 4
 
 
+def fit_block(numel, target):
+    """The block size for ``numel`` elements: about ``target`` (never more), a multiple of 8,
+    chosen so the blocks cover ``numel`` with fewer than 8 padding elements each. A small
+    shard is one block of its own size, not a mostly-empty ``target``-sized one (padding is
+    bytes on the wire). Depends on ``numel`` only, so every rank (and the decoder) agrees."""
+    nblocks = -(-max(numel, 1) // target)
+    per = -(-max(numel, 1) // nblocks)
+    return -(-per // 8) * 8
+
+
 def qmax(bits):
     if bits not in (4, 8):
         raise ValueError(f"quantization supports 4 or 8 bits, got {bits}")
@@ -29,8 +39,9 @@ def blocks_of(numel, block):
     return -(-max(numel, 1) // block)
 
 
-def packed_nbytes(numel, block, bits):
-    """Bytes of the packed form of ``numel`` elements."""
+def packed_nbytes(numel, target, bits):
+    """Bytes of the packed form of ``numel`` elements (blocks of ``fit_block(numel, target)``)."""
+    block = fit_block(numel, target)
     nblocks = blocks_of(numel, block)
     return nblocks * block * bits // 8 + nblocks * SCALE_BYTES
 
@@ -90,13 +101,15 @@ def unpack(buf, nblocks, block, bits):
     return _ints(body, bits).view(nblocks, block), tail.view(torch.float32)
 
 
-def quantize_packed(x, block, bits=8):
-    """``pack(*quantize(x))``: the bytes that travel for ``x``."""
-    q, scales = quantize(x, block, bits)
+def quantize_packed(x, target, bits=8):
+    """``pack(*quantize(x))`` on blocks of ``fit_block(x.numel(), target)``: the bytes that
+    travel for ``x``. The ``*_packed`` / ``*_rows`` functions all derive the block that way."""
+    q, scales = quantize(x, fit_block(x.numel(), target), bits)
     return pack(q, scales, bits)
 
 
-def dequantize_packed(buf, numel, block, bits=8, dtype=torch.float32):
+def dequantize_packed(buf, numel, target, bits=8, dtype=torch.float32):
+    block = fit_block(numel, target)
     q, scales = unpack(buf, blocks_of(numel, block), block, bits)
     return dequantize(q, scales, numel, dtype)
 
@@ -109,11 +122,12 @@ def _ints(body, bits):
     return torch.stack([high, low], dim=1).reshape(-1)
 
 
-def dequantize_rows(buf, rows, numel, block, bits=8, dtype=torch.float32):
+def dequantize_rows(buf, rows, numel, target, bits=8, dtype=torch.float32):
     """``buf`` holds ``rows`` packed buffers of ``numel`` elements back to back (an all-gather's
     or all-to-all's output): their values as a (rows, numel) tensor, decoded in one go."""
+    block = fit_block(numel, target)
     nblocks = blocks_of(numel, block)
-    view = buf.view(rows, packed_nbytes(numel, block, bits))
+    view = buf.view(rows, packed_nbytes(numel, target, bits))
     body_bytes = nblocks * block * bits // 8
     q = _ints(view[:, :body_bytes].contiguous().reshape(-1), bits).view(rows * nblocks, block)
     scales = view[:, body_bytes:].contiguous().reshape(-1).view(torch.float32)

@@ -1,6 +1,6 @@
 """Triton kernels for int8 block quantize / dequantize (the GPU path of ``quantize.py``).
 
-One program per block: load the block, reduce its absmax, write one fp32 scale and the rounded
+One program per block (of any size: lanes past it are masked): load the block, reduce its absmax, write one fp32 scale and the rounded
 integers (half away from zero, as the torch path). Runs on CUDA tensors, and on CPU tensors
 under ``TRITON_INTERPRET=1`` (how the CPU test checks it against the torch path).
 """
@@ -22,50 +22,54 @@ def available():
 if triton is not None:
 
     @triton.jit
-    def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, BLOCK: tl.constexpr):
+    def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, block_size, P2: tl.constexpr):
         block = tl.program_id(0)
-        offs = block * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
+        lane = tl.arange(0, P2)
+        inside = lane < block_size
+        offs = block * block_size + lane
+        x = tl.load(x_ptr + offs, mask=inside & (offs < numel), other=0.0).to(tl.float32)
         scale = tl.max(tl.abs(x), axis=0) / 127.0
         scale = tl.where(scale > 0, scale, 1.0)
         y = x / scale
         r = tl.where(y >= 0, tl.floor(y + 0.5), -tl.floor(-y + 0.5))
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)
-        tl.store(q_ptr + offs, r.to(tl.int8))
+        tl.store(q_ptr + offs, r.to(tl.int8), mask=inside)
         tl.store(scale_ptr + block, scale)
 
     @triton.jit
-    def _dequantize_kernel(q_ptr, scale_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+    def _dequantize_kernel(q_ptr, scale_ptr, out_ptr, numel, block_size, P2: tl.constexpr):
         block = tl.program_id(0)
-        offs = block * BLOCK + tl.arange(0, BLOCK)
-        q = tl.load(q_ptr + offs).to(tl.float32)
+        lane = tl.arange(0, P2)
+        inside = lane < block_size
+        offs = block * block_size + lane
+        q = tl.load(q_ptr + offs, mask=inside, other=0).to(tl.float32)
         scale = tl.load(scale_ptr + block)
-        tl.store(out_ptr + offs, (q * scale).to(out_ptr.dtype.element_ty), mask=offs < numel)
+        tl.store(out_ptr + offs, (q * scale).to(out_ptr.dtype.element_ty),
+                 mask=inside & (offs < numel))
 
 
-def _check(block):
+def _check():
     if triton is None:
         raise RuntimeError("the Triton quantization kernels need the 'triton' package")
-    if block & (block - 1):
-        raise ValueError(f"the Triton quantization kernels need a power-of-two block, got {block}")
 
 
 def quantize(x, block):
     """(q int8 (nblocks, block), scales fp32 (nblocks,)) of flat ``x``, as ``quantize.quantize``."""
-    _check(block)
+    _check()
     x = x.reshape(-1).contiguous()
     nblocks = -(-max(x.numel(), 1) // block)
     q = torch.empty(nblocks, block, dtype=torch.int8, device=x.device)
     scales = torch.empty(nblocks, dtype=torch.float32, device=x.device)
-    _quantize_kernel[(nblocks,)](x, q, scales, x.numel(), BLOCK=block)
+    _quantize_kernel[(nblocks,)](x, q, scales, x.numel(), block, P2=triton.next_power_of_2(block))
     return q, scales
 
 
 def dequantize(q, scales, numel, dtype=torch.float32):
-    _check(q.shape[-1])
+    _check()
+    block = q.shape[-1]
     out = torch.empty(numel, dtype=dtype, device=q.device)
-    _dequantize_kernel[(q.shape[0],)](q.contiguous(), scales.contiguous(), out, numel,
-                                      BLOCK=q.shape[-1])
+    _dequantize_kernel[(q.shape[0],)](q.contiguous(), scales.contiguous(), out, numel, block,
+                                      P2=triton.next_power_of_2(block))
     return out
 
 

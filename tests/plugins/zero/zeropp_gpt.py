@@ -86,13 +86,16 @@ def config(zero_extra, gas=1, dtype=None, clip=1.0):
 
 
 def train(zero_extra, steps, gas=1, dtype=None, freeze_base=False, clip=1.0):
-    """Worker: (losses, full weights, comms summary of the last step, engine facts)."""
+    """Worker: (losses, full weights, comms summaries of the last step and of its last backward)."""
     import deepspeed
     from deepspeed import comm as dist
 
     dist.observers.reset()
     dist.configure({"comms_logger": {"enabled": True}})
     logger = dist.configured_comms_logger()
+    from deepspeed.comms_logging import CommsLogger, CommsLoggerConfig
+
+    backward_log = CommsLogger(CommsLoggerConfig(enabled=True))  # the last backward alone
     model = make_gpt(freeze_base)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -107,7 +110,11 @@ def train(zero_extra, steps, gas=1, dtype=None, freeze_base=False, clip=1.0):
         for micro in range(gas):
             at = ((step * gas + micro) * world + rank) * MICRO
             loss = engine(idx[at:at + MICRO], tgt[at:at + MICRO])
+            if step == steps - 1 and micro == gas - 1:
+                dist.add_comm_observer(backward_log)
             engine.backward(loss)
+            if step == steps - 1 and micro == gas - 1:
+                dist.remove_comm_observer(backward_log)
             engine.step()
             total += loss.item() / gas
         losses.append(total)
@@ -120,4 +127,4 @@ def train(zero_extra, steps, gas=1, dtype=None, freeze_base=False, clip=1.0):
             weights[name] = param.detach().float().clone()
     engine.destroy()
     dist.observers.reset()
-    return losses, weights, summary
+    return losses, weights, summary, backward_log.summary()
