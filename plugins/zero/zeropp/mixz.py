@@ -9,6 +9,9 @@ again for weights frozen later (LoRA applied after ``initialize``).
 """
 import torch
 
+from deepspeed.hooks import PARAM_STATE_ACCESS
+from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
+
 from deepspeed.zero.zeropp.quantize import WEIGHT_BLOCK, packed_nbytes, quantize_packed
 
 
@@ -17,12 +20,15 @@ def is_stored_quantized(param):
 
 
 def quantize_frozen(params):
-    """Quantize the shards of the frozen parameters among ``params``; returns how many."""
+    """Quantize the shards of the frozen parameters among ``params``; returns how many.
+    Skipped: persistent ones (whole anyway), and any an optimizer owns (it would step and
+    write back into the shard)."""
     done = 0
     with torch.no_grad():
         for param in params:
             if param.requires_grad or not hasattr(param, "ds_id") or param.ds_persist \
-                    or is_stored_quantized(param):
+                    or is_stored_quantized(param) \
+                    or getattr(param, PARAM_STATE_ACCESS, None) is not SHARD_ONLY_ACCESS:
                 continue
             shard = param.ds_partitioner.fetch(param)
             param.ds_quantized = quantize_packed(shard, WEIGHT_BLOCK)

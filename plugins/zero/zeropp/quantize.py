@@ -66,7 +66,9 @@ def quantize(x, block, bits=8):
     padded[:flat.numel()] = flat
     rows = padded.view(nblocks, block)
     scales = rows.abs().amax(dim=1) / qmax(bits)
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    # an all-zero block gets scale 1; inf / nan stay, so the block decodes to nan and an fp16
+    # overflow is still seen by the loss scaler after a quantized collective
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
     y = rows / scales[:, None]
     q = (torch.sign(y) * torch.floor(y.abs() + 0.5)).clamp_(-qmax(bits), qmax(bits))
     return q.to(torch.int8), scales

@@ -29,7 +29,7 @@ if triton is not None:
         offs = block * block_size + lane
         x = tl.load(x_ptr + offs, mask=inside & (offs < numel), other=0.0).to(tl.float32)
         scale = tl.max(tl.abs(x), axis=0) / 127.0
-        scale = tl.where(scale > 0, scale, 1.0)
+        scale = tl.where(scale == 0, 1.0, scale)  # inf / nan stay: overflow stays visible
         y = x / scale
         r = tl.where(y >= 0, tl.floor(y + 0.5), -tl.floor(-y + 0.5))
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)

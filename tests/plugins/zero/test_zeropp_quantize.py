@@ -84,3 +84,11 @@ def test_triton_kernels_equal_the_torch_path_under_the_interpreter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the Triton kernels need a GPU")
 def test_triton_kernels_equal_the_torch_path_on_gpu():
     print(_run_checks("cuda", interpret=False))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_an_overflowed_block_decodes_to_nan_so_the_loss_scaler_sees_it(bad):
+    x = torch.ones(16)
+    x[3] = bad
+    back = Q.dequantize_packed(Q.quantize_packed(x, 8, 4), 16, 8, 4)
+    assert torch.isnan(back[:8]).all() and torch.equal(back[8:], torch.ones(8))
