@@ -70,6 +70,11 @@ class ShardComm:
     def route(self, partitioner, param):
         return None
 
+    def load_full(self, partitioner, param, full):
+        """Set ``param``'s shard from the whole tensor ``full`` when the shard is stored in a
+        form of this comm's own (return True); False: the partitioner does it as usual."""
+        return False
+
     def after_step(self):
         """The optimizer stepped: shards changed (hpZ: secondary copies are stale now)."""
 

@@ -13,7 +13,7 @@ import torch
 
 from deepspeed.zero.shard_comm import Route, ShardComm
 from deepspeed.zero.zeropp.hpz import HierarchicalPartition
-from deepspeed.zero.zeropp.mixz import is_stored_quantized
+from deepspeed.zero.zeropp.mixz import is_stored_quantized, store_full
 from deepspeed.zero.zeropp.qgz import QuantizedReduceScatter
 from deepspeed.zero.zeropp.topology import NodeGroups, ranks_per_node
 from deepspeed.zero.zeropp.transport import PackedRoute, QuantizedAllGather
@@ -53,6 +53,12 @@ class ZeroPPComm(ShardComm):
         if is_stored_quantized(param):
             return self.frozen
         return self.primary
+
+    def load_full(self, partitioner, param, full):
+        if not is_stored_quantized(param):
+            return False
+        store_full(partitioner, param, full)
+        return True
 
     def after_step(self):
         if self.hpz is not None:

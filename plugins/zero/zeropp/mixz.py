@@ -38,6 +38,20 @@ def quantize_frozen(params):
     return done
 
 
+def store_full(partitioner, param, full):
+    """Load a whole tensor into a weight stored quantized: this rank's piece, re-quantized
+    (and the full data too where it is resident)."""
+    with torch.no_grad():
+        size = param.ds_quantized_numel
+        flat = full.reshape(-1)
+        start = min(partitioner.rank * size, param.ds_numel)
+        piece = torch.zeros(size, dtype=param.dtype, device=param.ds_quantized.device)
+        piece[:min(size, param.ds_numel - start)] = flat[start:start + size]
+        param.ds_quantized = quantize_packed(piece, WEIGHT_BLOCK)
+        if param.data.numel() == param.ds_numel and param.data.data_ptr() != full.data_ptr():
+            param.data.copy_(full.reshape(param.ds_shape))
+
+
 def stored_bytes(param):
     """Bytes a frozen parameter's shard occupies (quantized or not)."""
     if is_stored_quantized(param):

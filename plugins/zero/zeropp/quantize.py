@@ -14,7 +14,8 @@ count, which is what an ``all_gather_into_tensor`` / equal-split ``all_to_all_si
 """
 import torch
 
-WEIGHT_BLOCK = 2048  # qwZ / MixZ++ elements per scale (upstream aims at ~8k; small models need finer)
+# qwZ / MixZ++ elements per scale at most (upstream aims at ~8k; small shards need finer)
+WEIGHT_BLOCK = 2048
 GRAD_BLOCK = 256  # qgZ elements per scale
 SCALE_BYTES = 4
 

@@ -28,7 +28,8 @@ def check_zeropp(zero_config, world_size):
     if zero_config.mics_shard_size > 0:
         raise ValueError(f"zero_optimization: {', '.join(asked)} cannot be combined with "
                          f"mics_shard_size={zero_config.mics_shard_size}: MiCS replaces the same "
-                         f"gather and reduce collectives with its shard groups; use one or the other")
+                         f"gather and reduce collectives with its shard groups; use one or the "
+                         f"other")
     hpz = int(zero_config.zero_hpz_partition_size)
     if hpz > 1 and (hpz > world_size or world_size % hpz):
         raise ValueError(f"zero_optimization.zero_hpz_partition_size={hpz} must divide the "

@@ -3,7 +3,8 @@ ranks, ``node_size`` of them) and ranks with the same local index across nodes.
 
 ZeRO++ only depends on these groups, so a 2-node x 2 job is simulated on 4 local ranks by
 building them with ``node_size=2``. The node size is ``zero_hpz_partition_size`` when hpZ is on
-(the docs: set it to the GPUs per node), else the launcher's ``LOCAL_WORLD_SIZE``, else one node.
+(the docs: set it to the GPUs per node), else the launcher's ranks per node (``LOCAL_WORLD_SIZE``
+from torchrun, ``LOCAL_SIZE`` from the ``deepspeed`` launcher), else one node.
 """
 import os
 
@@ -13,9 +14,10 @@ from deepspeed import comm as dist
 def ranks_per_node(hpz_size, world):
     if hpz_size > 1:
         return hpz_size
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local and local.isdigit() and int(local) > 0:
-        return min(int(local), world)
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
+        local = os.environ.get(name, "")
+        if local.isdigit() and int(local) > 0:
+            return min(int(local), world)
     return world
 
 

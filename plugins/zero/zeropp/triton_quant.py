@@ -1,8 +1,9 @@
 """Triton kernels for int8 block quantize / dequantize (the GPU path of ``quantize.py``).
 
-One program per block (of any size: lanes past it are masked): load the block, reduce its absmax, write one fp32 scale and the rounded
-integers (half away from zero, as the torch path). Runs on CUDA tensors, and on CPU tensors
-under ``TRITON_INTERPRET=1`` (how the CPU test checks it against the torch path).
+One program per block (of any size: lanes past it are masked): load the block, reduce its
+absmax, write one fp32 scale and the rounded integers (half away from zero, as the torch
+path). Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the CPU test
+checks it against the torch path).
 """
 import os
 
