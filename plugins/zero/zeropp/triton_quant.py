@@ -23,14 +23,21 @@ def available():
 if triton is not None:
 
     @triton.jit
-    def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, block_size, P2: tl.constexpr):
+    def _block_lanes(block_size, P2: tl.constexpr):
+        """This program's block index, its elements' offsets, and which lanes are inside it."""
         block = tl.program_id(0)
         lane = tl.arange(0, P2)
-        inside = lane < block_size
-        offs = block * block_size + lane
+        return block, block * block_size + lane, lane < block_size
+
+    @triton.jit
+    def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, block_size, P2: tl.constexpr):
+        block, offs, inside = _block_lanes(block_size, P2)
         x = tl.load(x_ptr + offs, mask=inside & (offs < numel), other=0.0).to(tl.float32)
         scale = tl.max(tl.abs(x), axis=0) / 127.0
-        scale = tl.where(scale == 0, 1.0, scale)  # inf / nan stay: overflow stays visible
+        # inf / nan stay (a GPU max skips nan, so it is looked for): the block decodes to nan
+        # and an overflow stays visible, as on the torch path
+        has_nan = tl.max((x != x).to(tl.float32), axis=0) > 0
+        scale = tl.where(has_nan, float("nan"), tl.where(scale == 0, 1.0, scale))
         y = x / scale
         r = tl.where(y >= 0, tl.floor(y + 0.5), -tl.floor(-y + 0.5))
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)
@@ -39,15 +46,11 @@ if triton is not None:
 
     @triton.jit
     def _dequantize_kernel(q_ptr, scale_ptr, out_ptr, numel, block_size, P2: tl.constexpr):
-        block = tl.program_id(0)
-        lane = tl.arange(0, P2)
-        inside = lane < block_size
-        offs = block * block_size + lane
+        block, offs, inside = _block_lanes(block_size, P2)
         q = tl.load(q_ptr + offs, mask=inside, other=0).to(tl.float32)
         scale = tl.load(scale_ptr + block)
         tl.store(out_ptr + offs, (q * scale).to(out_ptr.dtype.element_ty),
                  mask=inside & (offs < numel))
-
 
 def _check():
     if triton is None:

@@ -18,6 +18,10 @@ def check(device, numel, block):
     assert torch.allclose(scales.cpu(), ref_scales, rtol=1e-6, atol=0)
     back = T.dequantize(q, scales, numel, torch.float32)
     assert torch.allclose(back.cpu(), Q.dequantize(ref_q, ref_scales, numel), rtol=1e-6, atol=1e-7)
+    x[0] = float("nan")  # an overflowed block decodes to nan, as on the torch path
+    q, scales = T.quantize(x, block)
+    back = T.dequantize(q, scales, numel, torch.float32).cpu()
+    assert torch.isnan(back[:min(block, numel)]).all() and not torch.isnan(back[block:]).any()
     print(f"ok {device} numel={numel} block={block}")
 
 
