@@ -57,6 +57,17 @@ class HierarchicalPartition:
     def invalidate(self):
         self.epoch += 1
 
+    @staticmethod
+    def held_bytes(params):
+        """Bytes of the secondary copies ``params`` hold right now."""
+        total = 0
+        for param in params:
+            for name in ("ds_secondary_tensor", "ds_secondary_packed"):
+                piece = getattr(param, name, None)
+                if piece is not None:
+                    total += piece.numel() * piece.element_size()
+        return total
+
     def extra_bytes(self, params):
         """Bytes of the secondary copies of ``params`` (what hpZ adds per rank)."""
         total = 0

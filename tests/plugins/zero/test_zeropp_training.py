@@ -117,3 +117,35 @@ def test_qgz_talks_within_the_node_then_across_it(dist_pool):
     for rank, vol in enumerate(_volumes(runs, backward=True)):
         groups = set(vol["all_to_all"]["groups"])
         assert groups == {(rank // 2 * 2, rank // 2 * 2 + 1), (rank % 2, rank % 2 + 2)}
+
+
+def _hpz_memory():
+    import deepspeed
+
+    from deepspeed.zero.zeropp.hpz import HierarchicalPartition
+    from zeropp_gpt import config
+
+    model = make_gpt()
+    engine = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                  config=config(HPZ))[0]
+    idx, tgt = tokens(1, 4)
+    engine.backward(engine(idx[:MICRO], tgt[:MICRO]))
+    params = list(engine.module.parameters())
+    held = HierarchicalPartition.held_bytes(params)
+    expected = sum(-(-p.ds_numel // 2) * 4 for p in params)  # half of each fp32 weight
+    engine.destroy()
+    return held, expected
+
+
+def test_hpz_memory_cost_is_half_a_model_copy_per_rank_at_two_per_node(dist_pool):
+    for held, expected in dist_pool.run(_hpz_memory, world_size=4, env=NODES):
+        assert held == expected > 0
+
+
+def test_qgz_on_two_nodes_of_one_rank_crosses_only_once(dist_pool, baselines):
+    runs = dist_pool.run(train, world_size=2, args=(QG, STEPS), env={"LOCAL_WORLD_SIZE": "1"})
+    assert _max_relative([r[0] for r in runs], [r[0] for r in baselines[2]]) <= TOLERANCE["qgZ"]
+    for rank, r in enumerate(runs):
+        vol = volume(r[3], rank, lambda g: g)  # every rank its own node
+        assert set(vol["all_to_all"]["groups"]) == {(0, 1)}
+        assert vol["all_to_all"]["cross_node"] == vol["all_to_all"]["total"] > 0
