@@ -10,7 +10,7 @@ Frozen weights stored quantized (MixZ++) keep their secondary piece quantized to
 import torch
 
 from deepspeed.zero.shard_comm import Route
-from deepspeed.zero.zeropp.quantize import WEIGHT_BLOCK, quantize_packed
+from deepspeed.zero.zeropp.quantize import WEIGHT_BLOCK, packed_nbytes, quantize_packed
 from deepspeed.zero.zeropp.transport import PackedRoute
 
 
@@ -76,7 +76,7 @@ class HierarchicalPartition:
                 continue
             size = _piece_numel(param, self.size)
             if getattr(param, "ds_quantized", None) is not None:
-                total += len(quantize_packed(torch.zeros(size), WEIGHT_BLOCK))
+                total += packed_nbytes(size, WEIGHT_BLOCK, 8)
             else:
                 total += size * param.element_size()
         return total

@@ -12,7 +12,7 @@ import torch
 from deepspeed.hooks import PARAM_STATE_ACCESS
 from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
 
-from deepspeed.zero.zeropp.quantize import WEIGHT_BLOCK, packed_nbytes, quantize_packed
+from deepspeed.zero.zeropp.quantize import WEIGHT_BLOCK, quantize_packed
 
 
 def is_stored_quantized(param):
@@ -57,7 +57,3 @@ def stored_bytes(param):
     if is_stored_quantized(param):
         return param.ds_quantized.numel()
     return param.ds_tensor.numel() * param.ds_tensor.element_size()
-
-
-def quantized_nbytes(numel):
-    return packed_nbytes(numel, WEIGHT_BLOCK, 8)

@@ -5,8 +5,6 @@ absmax, write one fp32 scale and the rounded integers (half away from zero, as t
 path). Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the CPU test
 checks it against the torch path).
 """
-import os
-
 import torch
 
 try:
@@ -75,8 +73,3 @@ def dequantize(q, scales, numel, dtype=torch.float32):
     _dequantize_kernel[(q.shape[0],)](q.contiguous(), scales.contiguous(), out, numel, block,
                                       P2=triton.next_power_of_2(block))
     return out
-
-
-def interpreting():
-    """True under ``TRITON_INTERPRET=1`` (kernels run on the CPU, for tests)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
