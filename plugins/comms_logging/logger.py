@@ -57,7 +57,8 @@ class CommsLogger:
         self._last = record
         name = self.display_name(record)
         stats = self._stats.setdefault(name, {}).setdefault(record.size_bytes, OpStats())
-        stats.add(record.latency_s * 1e3, record.algbw_gbps, record.busbw_gbps)
+        stats.add(record.latency_s * 1e3, record.algbw_gbps, record.busbw_gbps,
+                  getattr(record, "group_ranks", None))
         if self.settings.verbose:
             log_dist(verbose_line(record, name), ranks=[-1])
 

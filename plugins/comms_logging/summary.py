@@ -2,8 +2,11 @@
 
 Rows are grouped by op name, then by message size; the columns are Count, Total Latency(ms),
 Avg Latency(ms), tput_avg (Gbps) = mean algorithmic bandwidth and busbw_avg (Gbps) = mean bus
-bandwidth, plus the straggler columns when asked for.
+bandwidth, plus the straggler columns when asked for. The dict form also says, per row, which
+process groups the calls ran in (``groups``: global ranks -> calls), so a test can check that a
+collective stayed inside a "node".
 """
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -31,18 +34,21 @@ class OpStats:
     latencies_ms: List[float] = field(default_factory=list)
     algbws: List[float] = field(default_factory=list)
     busbws: List[float] = field(default_factory=list)
+    groups: Counter = field(default_factory=Counter)  # group's global ranks -> calls in it
 
-    def add(self, latency_ms: float, algbw: float, busbw: float) -> None:
+    def add(self, latency_ms: float, algbw: float, busbw: float, group_ranks=None) -> None:
         self.latencies_ms.append(latency_ms)
         self.algbws.append(algbw)
         self.busbws.append(busbw)
+        if group_ranks is not None:
+            self.groups[tuple(group_ranks)] += 1
 
     def row(self) -> Dict[str, float]:
         count = len(self.latencies_ms)
         total = sum(self.latencies_ms)
         return {"count": count, "total_latency_ms": total, "avg_latency_ms": total / count,
                 "tput_avg_gbps": sum(self.algbws) / count,
-                "busbw_avg_gbps": sum(self.busbws) / count}
+                "busbw_avg_gbps": sum(self.busbws) / count, "groups": dict(self.groups)}
 
 
 BASE_COLUMNS = (("Count", "count", "{:d}"), ("Total Latency(ms)", "total_latency_ms", "{:.2f}"),

@@ -22,6 +22,7 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.utils.z3_leaf_module import z3_leaf_parameter
+from deepspeed.zero.shard_comm import plain_reduce_scatter
 from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
                                                 scale_before_reduce)
 
@@ -52,6 +53,8 @@ class GradientReducer:
         self.ignore_unused = bool(zero_config.ignore_unused_parameters)
         self.param_names = param_names
         self.after_grad_taken = after_grad_taken  # ZeRO-3: release the gathered parameter
+        # the reduce-scatter collective: a ``shard_comm.ShardComm`` (qgZ, MiCS) may replace it
+        self.reduce_scatter = plain_reduce_scatter
         self._where = {}  # id(param) -> bucket index
         for index, bucket in enumerate(self.buckets):
             for param in bucket.params:
@@ -166,8 +169,7 @@ class GradientReducer:
             else self.group_comms[bucket.group]
         if self.use_reduce_scatter:
             received = self._receive_buffer(bucket, flat)
-            work = dist.reduce_scatter_tensor(received, flat, group=group,
-                                              async_op=self.overlap, input_is_scratch=True)
+            work = self.reduce_scatter(received, flat, group, self.overlap)
         else:  # documented alternative: all-reduce, keep our piece
             work = dist.all_reduce(flat, group=group, async_op=self.overlap)
             received = flat.narrow(0, rank * bucket.piece, bucket.piece)

@@ -61,6 +61,7 @@ class Partitioner:
         self.remote_device = remote_device  # "cpu": shards live on the host (offload_param)
         self.pin_memory = pin_memory
         self.live_numel = 0  # elements of non-persistent parameters gathered (or in flight)
+        self.comm = None  # a ``shard_comm.ShardComm`` (ZeRO++, MiCS) choosing each gather's route
 
     # ------------------------------------------------------------------ partition
     def shard_numel(self, numel):
@@ -127,9 +128,10 @@ class Partitioner:
         todo = [p for p in params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
         kinds = {}
         for param in todo:
-            kinds.setdefault((param.dtype, _compute_device(param)), []).append(param)
-        for (dtype, device), same in kinds.items():
-            handle = _CoalescedGather(self, same, dtype, device, async_op)
+            route = self.comm.route(self, param) if self.comm is not None else None
+            kinds.setdefault((param.dtype, _compute_device(param), route), []).append(param)
+        for (dtype, device, route), same in kinds.items():
+            handle = _CoalescedGather(self, same, dtype, device, async_op, route)
             for param in same:
                 param.ds_status = ZeroParamStatus.INFLIGHT
                 param._ds_gather = handle
@@ -169,6 +171,8 @@ class Partitioner:
         if full.numel() != param.ds_numel:
             raise ValueError(f"parameter {param.ds_id} has {param.ds_numel} elements "
                              f"{tuple(param.ds_shape)}, got a tensor of {full.numel()}")
+        if self.comm is not None and self.comm.load_full(self, param, full):
+            return  # a shard stored in another form (MixZ++ int8)
         with torch.no_grad():
             piece = self.fetch(param)
             shard = piece.numel()
@@ -213,13 +217,16 @@ class _CoalescedGather:
     copies the columns out (FSDP2's copy-out) into one flat buffer per persistence class, whose
     segments the parameters view: a persistent parameter, whole until the step, must not keep
     the other parameters' full data alive. A single parameter needs no copy: the output is
-    its buffer."""
+    its buffer. A ``route`` (``shard_comm``: ZeRO++, MiCS) replaces the plain all-gather."""
 
-    def __init__(self, partitioner, params, dtype, device, async_op):
+    def __init__(self, partitioner, params, dtype, device, async_op, route=None):
         self.partitioner = partitioner
         self.params = params
         self.device = device
-        self.send, self.output, self.work, self.sizes = _all_gather_shards(
+        self.route = route
+        self.world = route.world_size if route is not None else partitioner.world_size
+        start = route.start if route is not None else _all_gather_shards
+        self.send, self.output, self.work, self.sizes = start(
             partitioner, params, dtype, device, async_op)
 
     def wait(self):
@@ -230,7 +237,7 @@ class _CoalescedGather:
         if len(self.params) == 1:
             _point_at(self.params, [self.output])
         else:
-            columns = _columns(self.output, self.partitioner.world_size, self.sizes)
+            columns = _columns(self.output, self.world, self.sizes)
             for keep in (True, False):
                 chosen = [i for i, p in enumerate(self.params) if p.ds_persist is keep]
                 if chosen:
@@ -241,6 +248,8 @@ class _CoalescedGather:
             param._ds_gather = None
             param.ds_status = ZeroParamStatus.AVAILABLE
             self.partitioner.settle(param)
+        if self.route is not None:
+            self.route.gathered(self.params)
         self.params = self.output = self.send = self.work = None
 
 

@@ -70,16 +70,12 @@ def _check_offload_optimizer(config, zero_config, name):
 
 
 def _warn_unimplemented(zero_config):
-    """ZeRO++ and MiCS keys are accepted (configs carry them) but change nothing yet: say so
-    instead of letting a user believe their weights are quantized or hierarchically sharded."""
+    """MiCS keys are accepted (configs carry them) but change nothing yet: say so instead of
+    letting a user believe their weights are sharded in groups (ZeRO++: ``zeropp/``)."""
     asked = [key for key, on in (
-        ("zero_quantized_weights", zero_config.zero_quantized_weights),
-        ("zero_quantized_nontrainable_weights", zero_config.zero_quantized_nontrainable_weights),
-        ("zero_quantized_gradients", zero_config.zero_quantized_gradients),
-        ("zero_hpz_partition_size", zero_config.zero_hpz_partition_size > 1),
-        ("mics_shard_size", zero_config.mics_shard_size > 0)) if on]
+        ("mics_shard_size", zero_config.mics_shard_size > 0),) if on]
     if asked:
-        logger.warning(f"zero_optimization: {', '.join(asked)} (ZeRO++ / MiCS) are not "
+        logger.warning(f"zero_optimization: {', '.join(asked)} (MiCS) are not "
                        f"implemented in this build and have no effect; training uses plain ZeRO")
 
 
@@ -123,6 +119,12 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
                                 zero_config.max_reuse_distance).install()
 
 
+def _setup_zeropp(engine, zero_config, coordinator):
+    from deepspeed.zero.zeropp.setup import setup_zeropp
+
+    return setup_zeropp(engine, zero_config, coordinator._partitioners, coordinator._zero_params)
+
+
 def _nvme_swapper_factory(engine, zero_config, aio_config):
     from deepspeed.zero.offload.nvme import OptimizerStateSwapper, validate_nvme_path
 
@@ -161,12 +163,17 @@ class ZeroPlugin(DeepSpeedPlugin):
             raise ValueError("Amp and ZeRO are not currently compatible: remove the 'amp' "
                              "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
         self.coordinator = None
+        self.shard_comm = None  # ZeRO++ (shard_comm seam), set up with the ZeRO-3 partitions
         _warn_unimplemented(self._zero_config(config))
+        from deepspeed.zero.zeropp.setup import check_zeropp
+
+        check_zeropp(self._zero_config(config), engine.dp_world_size)
         if _stage(config) >= 3:
             self.coordinator = setup_stage3(engine, self._zero_config(config),
                                             self._aio_config(config).handle_kwargs())
             # an engine dropped without destroy() must not leave its patches behind either
             weakref.finalize(engine, self.coordinator.remove)
+            self.shard_comm = _setup_zeropp(engine, self._zero_config(config), self.coordinator)
 
     @hookimpl
     def deepspeed_sharding(self, engine):
@@ -213,10 +220,20 @@ class ZeroPlugin(DeepSpeedPlugin):
         device = _offload_device(zero_config)
         swapper = (_nvme_swapper_factory(engine, zero_config, self._aio_config(config))
                    if device is OffloadDeviceEnum.nvme else None)
-        return DeepSpeedZeroOptimizer(
+        wrapped = DeepSpeedZeroOptimizer(
             optimizer, config=config, zero_config=zero_config, module=engine.module,
             dp_group=engine.dp_group, nvme_swapper=swapper, timers=engine.timers,
             offload_device="cpu" if device is not OffloadDeviceEnum.none else None)
+        if getattr(self, "shard_comm", None) is not None:
+            from deepspeed.zero.zeropp.setup import attach_to_optimizer
+
+            attach_to_optimizer(wrapped, self.shard_comm, engine.module)
+        return wrapped
+
+    @hookimpl
+    def deepspeed_after_step(self, engine):
+        if getattr(self, "shard_comm", None) is not None:
+            self.shard_comm.after_step()
 
     @hookimpl
     def deepspeed_reduce_gradients(self, engine):

@@ -1,0 +1,83 @@
+"""The one seam between ZeRO-3's collectives and the algorithms that change them: ZeRO++
+(quantized weights, hierarchical partitions, quantized gradients, MixZ++) and MiCS (shard
+groups). Plain ZeRO-3 leaves it unset and runs exactly as before.
+
+A ``Partitioner`` whose ``comm`` is set asks ``comm.route(partitioner, param)`` which *route*
+gathers ``param`` (None: the plain all-gather over the partitioner's group). Parameters sharing
+one route, dtype and device are gathered by one collective. A route has
+
+    world_size      pieces in the gathered output (the size of the group it gathers over)
+    start(partitioner, params, dtype, device, async_op) -> (keepalive, output, work, sizes)
+                    like ``partition_parameters._all_gather_shards``: ``output`` is rank-major,
+                    (world_size, sum(sizes)), valid once ``work.wait()`` returned (or at once
+                    when ``work`` is None); ``keepalive`` must live until then
+    gathered(params)  the parameters are whole now (hpZ keeps its secondary piece here)
+
+The ``GradientReducer`` calls its ``reduce_scatter(output, input, group, async_op)`` attribute
+where it used ``deepspeed.comm.reduce_scatter_tensor``; a ``ShardComm`` installs its own
+(qgZ: quantized hierarchical all-to-all; MiCS: shard-group reduce-scatter + replica all-reduce).
+"""
+import torch
+
+from deepspeed import comm as dist
+
+
+def plain_reduce_scatter(output, input, group, async_op):
+    """The reducer's default: one reduce-scatter over ``group`` (its input is scratch)."""
+    return dist.reduce_scatter_tensor(output, input, group=group, async_op=async_op,
+                                      input_is_scratch=True)
+
+
+def plain_all_gather(output, send, group, async_op):
+    return dist.all_gather_into_tensor(output, send, group=group, async_op=async_op)
+
+
+class Route:
+    """Gather each parameter's ``shard(param)`` (default: its ZeRO-3 shard) over ``group`` with
+    ``transport`` (default: a plain ``all_gather_into_tensor``; qwZ passes a quantized one)."""
+
+    def __init__(self, group, transport=None, on_gathered=None, shard=None):
+        self.group = group
+        self.world_size = dist.get_world_size(group=group)
+        self.transport = transport or plain_all_gather
+        self.on_gathered = on_gathered
+        self._shard = shard
+
+    def shard(self, partitioner, param):
+        return partitioner.fetch(param) if self._shard is None else self._shard(param)
+
+    def start(self, partitioner, params, dtype, device, async_op):
+        shards = [self.shard(partitioner, p) for p in params]
+        sizes = [s.numel() for s in shards]
+        send = torch.empty(sum(sizes), dtype=dtype, device=device)
+        torch.cat([s.to(device=device, dtype=dtype, non_blocking=True) for s in shards], out=send)
+        if self.world_size == 1:
+            return send, send, None, sizes
+        output = torch.empty(send.numel() * self.world_size, dtype=dtype, device=device)
+        work = self.transport(output, send, self.group, async_op)
+        return send, output, work, sizes
+
+    def gathered(self, params):
+        if self.on_gathered is not None:
+            self.on_gathered(params)
+
+
+class ShardComm:
+    """Plain ZeRO-3 (every hook a no-op); subclasses override what they change."""
+
+    reduce_scatter = staticmethod(plain_reduce_scatter)
+
+    def route(self, partitioner, param):
+        return None
+
+    def load_full(self, partitioner, param, full):
+        """Set ``param``'s shard from the whole tensor ``full`` when the shard is stored in a
+        form of this comm's own (return True); False: the partitioner does it as usual."""
+        return False
+
+    def after_step(self):
+        """The optimizer stepped: shards changed (hpZ: secondary copies are stale now)."""
+
+    def install(self, partitioner):
+        partitioner.comm = self
+        return self
