@@ -1,0 +1,136 @@
+"""The asynchronous tensor-parallel all-reduce Domino overlaps with compute, and the trace
+that shows it happening.
+
+Plain tensor parallelism ends every attention and MLP block with a blocking all-reduce
+(Megatron's "g"): the rank idles while the partial sums travel. Domino launches that
+all-reduce *asynchronously* and hands back a ``PendingAllReduce``; the caller computes
+something that does not need the result (the other half of the batch) and only then calls
+``get()``, which waits and applies the block's epilogue (bias + residual).
+
+Autograd sees ``start_all_reduce`` as "g": all-reduce forward, identity backward, so the
+gradients are those of plain tensor parallelism. The backward all-reduce ("f") is overlapped
+inside ``DominoAsyncColumnParallelLinear`` (see ``layers``).
+
+``record_overlap()`` turns on a ``OverlapTrace``: every launch, wait and compute span is
+appended in program order with a timestamp, so a test can check the order (launch of chunk
+0's all-reduce < chunk 1's matmuls < wait of chunk 0's all-reduce) without timing assertions,
+and a benchmark can measure how much of the all-reduce time was hidden.
+"""
+import contextlib
+import time
+
+import torch
+
+from deepspeed import comm as dist
+
+_active_trace = None
+
+
+class OverlapTrace:
+    """Events ``(kind, label, seconds)`` in program order. Kinds: ``launch`` (an async
+    all-reduce started), ``wait`` / ``waited`` (the wait on it began / returned),
+    ``compute`` / ``computed`` (a span of matmul work began / ended)."""
+
+    def __init__(self):
+        self.events = []
+
+    def add(self, kind, label):
+        self.events.append((kind, label, time.perf_counter()))
+
+    def index(self, kind, label):
+        """Position of the first ``kind`` event named ``label`` (ValueError if none)."""
+        for i, (k, name, _) in enumerate(self.events):
+            if k == kind and name == label:
+                return i
+        raise ValueError(f"no {kind!r} event named {label!r} in the trace: {self.labels()}")
+
+    def labels(self):
+        return [(kind, label) for kind, label, _ in self.events]
+
+    def wait_seconds(self):
+        """Total time spent blocked in waits (the all-reduce time *not* hidden)."""
+        total, began = 0.0, {}
+        for kind, label, t in self.events:
+            if kind == "wait":
+                began[label] = t
+            elif kind == "waited":
+                total += t - began.pop(label)
+        return total
+
+
+def trace_event(kind, label):
+    if _active_trace is not None:
+        _active_trace.add(kind, label)
+
+
+@contextlib.contextmanager
+def traced_compute(label):
+    """Marks a span of compute in the active trace (nothing when none is active)."""
+    trace_event("compute", label)
+    try:
+        yield
+    finally:
+        trace_event("computed", label)
+
+
+@contextlib.contextmanager
+def record_overlap():
+    """Record the Domino launches, waits and compute spans of this process into the
+    ``OverlapTrace`` yielded (forward and backward)."""
+    global _active_trace
+    previous, _active_trace = _active_trace, OverlapTrace()
+    try:
+        yield _active_trace
+    finally:
+        _active_trace = previous
+
+
+class _StartAllReduce(torch.autograd.Function):
+    """Forward: a copy of ``x`` whose all-reduce over ``group`` has been launched (the work
+    handle goes into ``box``); backward: identity (Megatron's "g")."""
+
+    @staticmethod
+    def forward(ctx, x, group, box, async_op):
+        out = x.contiguous().clone()
+        box.work = dist.all_reduce(out, group=group, async_op=async_op)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+class _Box:
+    work = None
+
+
+class PendingAllReduce:
+    """A partial sum whose all-reduce is in flight. ``get()`` waits for it once and returns
+    ``epilogue(reduced)`` (bias and residual added); later calls return the same tensor."""
+
+    def __init__(self, partial, group, label, epilogue=None, async_op=True):
+        self.label, self.epilogue = label, epilogue
+        box = _Box()
+        trace_event("launch", label)
+        self.reduced = _StartAllReduce.apply(partial, group, box, async_op)
+        self.work, self.result = box.work, None
+
+    def get(self):
+        if self.result is None:
+            trace_event("wait", self.label)
+            if self.work is not None:
+                self.work.wait()
+            trace_event("waited", self.label)
+            reduced, self.reduced, self.work = self.reduced, None, None
+            self.result = reduced if self.epilogue is None else self.epilogue(reduced)
+        return self.result
+
+
+class Ready:
+    """A value with nothing in flight, read through the same ``get()``."""
+
+    def __init__(self, value):
+        self.result = value
+
+    def get(self):
+        return self.result
