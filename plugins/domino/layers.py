@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepspeed import comm as dist
-from deepspeed.domino.overlap import trace_event, traced_compute
+from deepspeed.domino.overlap import launch_all_reduce, traced_compute, wait_all_reduce
 from deepspeed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 
@@ -34,16 +34,12 @@ class _AsyncGradColumnLinear(torch.autograd.Function):
         grad = grad.contiguous()
         grad_input = grad.matmul(weight)
         label = f"backward {ctx.label}"
-        trace_event("launch", label)
-        work = dist.all_reduce(grad_input, group=ctx.group, async_op=ctx.async_op)
+        work = launch_all_reduce(grad_input, ctx.group, label, ctx.async_op)
         with traced_compute(f"weight grad {ctx.label}"):
             flat_grad = grad.reshape(-1, grad.shape[-1])
             grad_weight = flat_grad.t().matmul(x.reshape(-1, x.shape[-1]))
             grad_bias = flat_grad.sum(0) if ctx.has_bias else None
-        trace_event("wait", label)
-        if work is not None:
-            work.wait()
-        trace_event("waited", label)
+        wait_all_reduce(work, label)
         return grad_input, grad_weight, grad_bias, None, None, None
 
 

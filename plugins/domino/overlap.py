@@ -85,19 +85,38 @@ def record_overlap():
         _active_trace = previous
 
 
+def launch_all_reduce(tensor, group, label, async_op=True):
+    """All-reduce ``tensor`` in place over ``group``: the work handle when ``async_op`` (wait
+    with ``wait_all_reduce``), else None once done (traced as a launch waited on at once)."""
+    trace_event("launch", label)
+    if async_op:
+        return dist.all_reduce(tensor, group=group, async_op=True)
+    trace_event("wait", label)
+    dist.all_reduce(tensor, group=group)
+    trace_event("waited", label)
+    return None
+
+
+def wait_all_reduce(work, label):
+    if work is not None:
+        trace_event("wait", label)
+        work.wait()
+        trace_event("waited", label)
+
+
 class _StartAllReduce(torch.autograd.Function):
     """Forward: a copy of ``x`` whose all-reduce over ``group`` has been launched (the work
     handle goes into ``box``); backward: identity (Megatron's "g")."""
 
     @staticmethod
-    def forward(ctx, x, group, box, async_op):
+    def forward(ctx, x, group, box, label, async_op):
         out = x.contiguous().clone()
-        box.work = dist.all_reduce(out, group=group, async_op=async_op)
+        box.work = launch_all_reduce(out, group, label, async_op)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 class _Box:
@@ -111,16 +130,12 @@ class PendingAllReduce:
     def __init__(self, partial, group, label, epilogue=None, async_op=True):
         self.label, self.epilogue = label, epilogue
         box = _Box()
-        trace_event("launch", label)
-        self.reduced = _StartAllReduce.apply(partial, group, box, async_op)
+        self.reduced = _StartAllReduce.apply(partial, group, box, label, async_op)
         self.work, self.result = box.work, None
 
     def get(self):
         if self.result is None:
-            trace_event("wait", self.label)
-            if self.work is not None:
-                self.work.wait()
-            trace_event("waited", self.label)
+            wait_all_reduce(self.work, self.label)
             reduced, self.reduced, self.work = self.reduced, None, None
             self.result = reduced if self.epilogue is None else self.epilogue(reduced)
         return self.result
