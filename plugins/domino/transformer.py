@@ -72,6 +72,7 @@ class DominoTransformerLayer(nn.Module):
                 raise ValueError(f"{name}={value} is not divisible by the tensor-parallel size "
                                  f"{tp}")
         self.config, self.group, self.layer_number = config, group, layer_number
+        self.tensor_parallel_unit = unit  # handed to the engine by the domino plugin
         self.num_chunks, self.overlap = _check_chunks(num_chunks), bool(overlap)
         self.local_heads = config.num_attention_heads // tp
         self.head_dim = config.hidden_size // config.num_attention_heads
