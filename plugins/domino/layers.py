@@ -93,3 +93,10 @@ class RowParallelLinearNoComm(RowParallelLinear):
 
     def forward(self, input):
         return F.linear(input, self.weight)
+
+    def partial_pieces(self, input, pieces):
+        """The partial product in ``pieces`` slices of the output features, one at a time (a
+        generator), so the caller can launch each slice's all-reduce before computing the
+        next: every output element is the same dot product as in ``forward``."""
+        for rows in torch.tensor_split(self.weight, pieces, dim=0):
+            yield F.linear(input, rows)

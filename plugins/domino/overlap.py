@@ -124,19 +124,34 @@ class _Box:
 
 
 class PendingAllReduce:
-    """A partial sum whose all-reduce is in flight. ``get()`` waits for it once and returns
-    ``epilogue(reduced)`` (bias and residual added); later calls return the same tensor."""
+    """Partial sums whose all-reduces are in flight: one tensor, or the pieces of one along
+    the last (hidden) dimension, each launched by ``add`` as soon as it is computed so that it
+    travels while the next piece is. ``get()`` waits for them once and returns
+    ``epilogue(reduced)`` (the pieces concatenated; bias and residual added); later calls
+    return the same tensor."""
 
-    def __init__(self, partial, group, label, epilogue=None, async_op=True):
-        self.label, self.epilogue = label, epilogue
+    def __init__(self, group, label, epilogue=None, async_op=True, partial=None):
+        self.group, self.label, self.epilogue, self.async_op = group, label, epilogue, async_op
+        self.pieces, self.result = [], None
+        if partial is not None:
+            self.add(partial)
+
+    def add(self, partial, piece=None):
+        """Launch the all-reduce of ``partial`` (the next hidden piece when ``piece`` is
+        given, traced as ``"<label> piece <piece>"``)."""
+        label = self.label if piece is None else f"{self.label} piece {piece}"
         box = _Box()
-        self.reduced = _StartAllReduce.apply(partial, group, box, label, async_op)
-        self.work, self.result = box.work, None
+        reduced = _StartAllReduce.apply(partial, self.group, box, label, self.async_op)
+        self.pieces.append((reduced, box.work, label))
+        return self
 
     def get(self):
         if self.result is None:
-            wait_all_reduce(self.work, self.label)
-            reduced, self.reduced, self.work = self.reduced, None, None
+            for _, work, label in self.pieces:
+                wait_all_reduce(work, label)
+            parts = [reduced for reduced, _, _ in self.pieces]
+            self.pieces = []
+            reduced = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
             self.result = reduced if self.epilogue is None else self.epilogue(reduced)
         return self.result
 

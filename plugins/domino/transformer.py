@@ -11,7 +11,9 @@ that the all-reduce that ends a block of one piece travels while the other piece
     (next layer) wait AR'(c0); attention(c0) ... | AR'(c1) in flight
 
 Layers pass ``PendingAllReduce`` handles to each other, so the last all-reduce of a layer
-overlaps the first piece of the next one. Backward overlaps the input-gradient all-reduce of
+overlaps the first piece of the next one. ``hidden_chunks`` > 1 also cuts each row-parallel
+product along its output (hidden) features, launching each slice's all-reduce before the next
+slice is computed (same bytes in all, every element the same dot product). Backward overlaps the input-gradient all-reduce of
 every column-parallel Linear with its weight-gradient matmul (``layers``).
 
 Every piece goes through the same arithmetic as plain tensor parallelism (the batch rows do
@@ -41,11 +43,10 @@ def _mask_chunks(mask, chunks):
     return list(torch.split(mask, sizes, dim=0))
 
 
-def _check_chunks(num_chunks):
-    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
-        raise ValueError(f"num_chunks must be a positive int (2 splits the batch in halves), "
-                         f"got {num_chunks!r}")
-    return num_chunks
+def _check_chunks(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int (1: no split, 2: halves), got {value!r}")
+    return value
 
 
 class _Block(nn.Module):
@@ -57,10 +58,14 @@ class DominoTransformerLayer(nn.Module):
     ``num_attention_heads / tp`` heads and ``ffn_hidden_size / tp`` MLP columns).
 
     ``config``: a ``DominoConfig``, dict, or Megatron ``TransformerConfig``; ``mpu``: the
-    tensor-parallel unit (default: the one registered by ``init_tensor_parallel_groups``).
+    tensor-parallel unit (default: the one registered by ``init_tensor_parallel_groups``);
+    ``num_chunks``: batch pieces (a batch smaller than that runs in fewer); ``hidden_chunks``:
+    output-feature pieces of the row-parallel products; ``overlap=False``: the same schedule
+    with blocking all-reduces.
     Without tensor parallelism (no unit, size 1) construction fails with the fix named."""
 
-    def __init__(self, config, mpu=None, layer_number=1, num_chunks=2, overlap=True):
+    def __init__(self, config, mpu=None, layer_number=1, num_chunks=2, overlap=True,
+                 hidden_chunks=1):
         super().__init__()
         config = DominoConfig.coerce(config)
         unit = tensor_parallel_unit(mpu)
@@ -73,7 +78,11 @@ class DominoTransformerLayer(nn.Module):
                                  f"{tp}")
         self.config, self.group, self.layer_number = config, group, layer_number
         self.tensor_parallel_unit = unit  # handed to the engine by the domino plugin
-        self.num_chunks, self.overlap = _check_chunks(num_chunks), bool(overlap)
+        self.num_chunks, self.overlap = _check_chunks(num_chunks, "num_chunks"), bool(overlap)
+        self.hidden_chunks = _check_chunks(hidden_chunks, "hidden_chunks")
+        if self.hidden_chunks > config.hidden_size:
+            raise ValueError(f"hidden_chunks={hidden_chunks} is more than hidden_size "
+                             f"{config.hidden_size}")
         self.local_heads = config.num_attention_heads // tp
         self.head_dim = config.hidden_size // config.num_attention_heads
         h, eps = config.hidden_size, config.layernorm_epsilon
@@ -93,7 +102,7 @@ class DominoTransformerLayer(nn.Module):
         self.mlp.dense_h_to_4h.label = f"layer {layer_number} h_to_4h"
 
     # ------------------------------------------------------------- the two blocks, one piece
-    def _attention_partial(self, x, mask):
+    def _attention_context(self, x, mask):
         b, s, _ = x.shape
         qkv = self.self_attention.query_key_value(self.input_layernorm(x))
         q, k, v = qkv.view(b, s, self.local_heads, 3, self.head_dim).unbind(3)
@@ -102,12 +111,10 @@ class DominoTransformerLayer(nn.Module):
         causal = mask is None and self.config.causal
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                  is_causal=causal)
-        context = context.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
-        return self.self_attention.dense(context)
+        return context.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
 
-    def _mlp_partial(self, x):
-        hidden = F.gelu(self.mlp.dense_h_to_4h(self.post_attention_layernorm(x)))
-        return self.mlp.dense_4h_to_h(hidden)
+    def _mlp_hidden(self, x):
+        return F.gelu(self.mlp.dense_h_to_4h(self.post_attention_layernorm(x)))
 
     def _epilogue(self, residual, bias):
         def finish(reduced):
@@ -117,9 +124,16 @@ class DominoTransformerLayer(nn.Module):
             return residual + out
         return finish
 
-    def _launch(self, partial, label, epilogue):
-        return PendingAllReduce(partial, self.group, f"layer {self.layer_number} {label}",
-                                epilogue, async_op=self.overlap)
+    def _launch(self, row_linear, input, label, epilogue):
+        """This piece's row-parallel product, its all-reduce launched (per hidden piece when
+        ``hidden_chunks`` > 1, each launched before the next is computed)."""
+        pending = PendingAllReduce(self.group, f"layer {self.layer_number} {label}", epilogue,
+                                   async_op=self.overlap)
+        if self.hidden_chunks == 1:
+            return pending.add(row_linear(input))
+        for j, partial in enumerate(row_linear.partial_pieces(input, self.hidden_chunks)):
+            pending.add(partial, piece=j)
+        return pending
 
     # ------------------------------------------------------------- the interleaved schedule
     def forward_chunks(self, chunks, masks=None):
@@ -129,17 +143,17 @@ class DominoTransformerLayer(nn.Module):
         attention = []
         for i, (chunk, mask) in enumerate(zip(chunks, masks)):
             x = chunk.get()
+            dense = self.self_attention.dense
             with traced_compute(f"layer {self.layer_number} attention {i}"):
-                partial = self._attention_partial(x, mask)
-            attention.append(self._launch(partial, f"attention {i}",
-                                          self._epilogue(x, self.self_attention.dense.bias)))
+                attention.append(self._launch(dense, self._attention_context(x, mask),
+                                              f"attention {i}", self._epilogue(x, dense.bias)))
         outputs = []
         for i, pending in enumerate(attention):
             x = pending.get()
+            dense = self.mlp.dense_4h_to_h
             with traced_compute(f"layer {self.layer_number} mlp {i}"):
-                partial = self._mlp_partial(x)
-            outputs.append(self._launch(partial, f"mlp {i}",
-                                        self._epilogue(x, self.mlp.dense_4h_to_h.bias)))
+                outputs.append(self._launch(dense, self._mlp_hidden(x), f"mlp {i}",
+                                            self._epilogue(x, dense.bias)))
         return outputs
 
     def forward(self, hidden_states, attention_mask=None):
@@ -157,13 +171,14 @@ class DominoTransformer(nn.Module):
     """``config.num_layers`` ``DominoTransformerLayer``s and a final LayerNorm, the batch cut
     into ``num_chunks`` pieces once and the pieces kept in flight from layer to layer."""
 
-    def __init__(self, config, mpu=None, num_chunks=2, overlap=True, post_layer_norm=True):
+    def __init__(self, config, mpu=None, num_chunks=2, overlap=True, post_layer_norm=True,
+                 hidden_chunks=1):
         super().__init__()
         config = DominoConfig.coerce(config)
-        self.config, self.num_chunks = config, _check_chunks(num_chunks)
+        self.config, self.num_chunks = config, _check_chunks(num_chunks, "num_chunks")
         self.layers = nn.ModuleList(
             DominoTransformerLayer(config, mpu, layer_number=i + 1, num_chunks=num_chunks,
-                                   overlap=overlap)
+                                   overlap=overlap, hidden_chunks=hidden_chunks)
             for i in range(config.num_layers))
         self.final_layernorm = (nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
                                 if post_layer_norm else None)

@@ -1,13 +1,14 @@
 """Domino on 2 CPU gloo ranks (TP 2): training step time of plain tensor parallelism (the whole
 batch, blocking all-reduces), of Domino's schedule with blocking all-reduces, and of Domino
-(the batch in ``--chunks`` pieces, asynchronous all-reduces overlapping the other piece), on
-the same weights and batch; plus the time each rank spent blocked waiting for all-reduces.
+(the batch in ``--chunks`` pieces, asynchronous all-reduces overlapping the other piece), and
+of Domino with the row-parallel outputs also cut in 2 hidden pieces, on the same weights and
+batch; plus the time each rank spent blocked waiting for all-reduces.
 
     python tools/bench/domino_bench.py [--hidden 256] [--layers 2] [--heads 8] [--seq 128]
                                        [--batch 8] [--chunks 2] [--steps 10] [--threads 1]
 
 The model is a GPT built from ``DominoTransformer`` (embedding and LM head replicated); a step
-is forward, backward and AdamW. The three variants run interleaved, step by step, so machine
+is forward, backward and AdamW. The variants run interleaved, step by step, so machine
 load hits them alike; printed: median step times over ``--steps`` after 2 warm-up steps, the
 ratios to plain TP, and the median blocked-in-wait time per step (from ``record_overlap``).
 On gloo the all-reduce runs on CPU threads competing with the matmuls for the same cores, so
@@ -22,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-VARIANTS = (("plain TP", 1, False), ("Domino, blocking", None, False), ("Domino", None, True))
+VARIANTS = (("plain TP", 1, False, 1), ("Domino, blocking", None, False, 1),
+            ("Domino", None, True, 1), ("Domino + hidden 2", None, True, 2))
 
 
 def parse_args(argv=None):
@@ -40,7 +42,7 @@ def parse_args(argv=None):
 
 
 class _GPT(nn.Module):
-    def __init__(self, args, num_chunks, overlap):
+    def __init__(self, args, num_chunks, overlap, hidden_chunks):
         super().__init__()
         from deepspeed.domino import DominoTransformer
 
@@ -48,7 +50,8 @@ class _GPT(nn.Module):
         self.embedding = nn.Embedding(args.vocab, args.hidden)
         self.transformer = DominoTransformer(
             dict(hidden_size=args.hidden, num_attention_heads=args.heads,
-                 num_layers=args.layers), num_chunks=num_chunks, overlap=overlap)
+                 num_layers=args.layers), num_chunks=num_chunks, overlap=overlap,
+            hidden_chunks=hidden_chunks)
         self.head = nn.Linear(args.hidden, args.vocab, bias=False)
 
     def forward(self, ids):
@@ -73,7 +76,8 @@ def _rank_main(args):
     previous = groups.mpu
     groups.init_tensor_parallel_groups(2)
     try:
-        models = [_GPT(args, chunks or args.chunks, overlap) for _, chunks, overlap in VARIANTS]
+        models = [_GPT(args, chunks or args.chunks, overlap, hidden)
+                  for _, chunks, overlap, hidden in VARIANTS]
         optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in models]
         ids = torch.randint(0, args.vocab, (args.batch, args.seq),
                             generator=torch.Generator().manual_seed(0))
@@ -108,10 +112,10 @@ def main(argv=None):
           f"thread(s) each, Domino chunks={args.chunks}")
     print(f"{'variant':20}{'rank':>5}{'step ms':>10}{'blocked in waits ms':>22}")
     for rank, (rows, _) in enumerate(gathered):
-        for (name, _, _), (step, wait) in zip(VARIANTS, rows):
+        for (name, *_), (step, wait) in zip(VARIANTS, rows):
             print(f"{name:20}{rank:>5}{step * 1e3:>10.1f}{wait * 1e3:>22.1f}")
     slowest = [max(rows[i][0] for rows, _ in gathered) for i in range(len(VARIANTS))]
-    for (name, _, _), value in zip(VARIANTS[1:], slowest[1:]):
+    for (name, *_), value in zip(VARIANTS[1:], slowest[1:]):
         print(f"{name} / plain TP step time (slowest rank): {value / slowest[0]:.3f}")
     print(f"largest |loss(Domino) - loss(plain TP)| over the steps: "
           f"{max(d for _, d in gathered):.2e}")

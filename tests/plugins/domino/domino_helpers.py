@@ -72,11 +72,12 @@ def reference_gpt(seed=0):
     return model
 
 
-def domino_gpt(reference, num_chunks=2, overlap=True):
+def domino_gpt(reference, num_chunks=2, overlap=True, hidden_chunks=1):
     """The Domino build of ``reference``'s weights over the registered tensor-parallel group."""
     from deepspeed.domino import DominoTransformer, load_unsplit_state_dict
 
-    model = TinyGPT(DominoTransformer(SHAPE, num_chunks=num_chunks, overlap=overlap),
+    model = TinyGPT(DominoTransformer(SHAPE, num_chunks=num_chunks, overlap=overlap,
+                                     hidden_chunks=hidden_chunks),
                     SHAPE["hidden_size"])
     return load_unsplit_state_dict(model, dict(reference.named_parameters()))
 

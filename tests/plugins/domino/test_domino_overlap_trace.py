@@ -12,7 +12,7 @@ def _before(trace, *events):
     assert positions == sorted(positions), list(zip(events, positions))
 
 
-def _trace_on_two_ranks(overlap):
+def _trace_on_two_ranks(overlap, hidden_chunks=1):
     from deepspeed.domino import record_overlap
     from deepspeed.utils import groups
     from domino_helpers import SHAPE, batches, domino_gpt, reference_gpt
@@ -20,11 +20,18 @@ def _trace_on_two_ranks(overlap):
     previous = groups.mpu
     try:
         groups.init_tensor_parallel_groups(2)
-        model = domino_gpt(reference_gpt(), overlap=overlap)
+        model = domino_gpt(reference_gpt(), overlap=overlap, hidden_chunks=hidden_chunks)
         with record_overlap() as trace:
             model(batches(1)[0]).backward()
     finally:
         groups.set_mpu(previous)
+    if hidden_chunks > 1:
+        for block in ("attention", "mlp"):
+            for i in (0, 1):  # piece 0's all-reduce is launched before piece 1 is computed
+                label = f"layer 1 {block} {i}"
+                _before(trace, ("launch", f"{label} piece 0"), ("launch", f"{label} piece 1"),
+                        ("wait", f"{label} piece 0"))
+        return len(trace.events)
     if not overlap:
         for i, (kind, label) in enumerate(trace.labels()):
             if kind == "launch":
@@ -58,3 +65,7 @@ def test_all_reduces_are_in_flight_while_the_other_piece_computes():
 
 def test_blocking_mode_waits_at_once():
     run_distributed(_trace_on_two_ranks, world_size=2, args=(False,), timeout=600)
+
+
+def test_hidden_pieces_launch_before_the_next_piece_is_computed():
+    run_distributed(_trace_on_two_ranks, world_size=2, args=(True, 2), timeout=600)
