@@ -35,20 +35,6 @@ class GPT(nn.Module):
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
 
 
-def overlapped(trace):
-    """How many all-reduces (forward and backward) had other compute between their launch and their wait."""
-    count, launched = 0, {}
-    for kind, label, _ in trace.events:
-        if kind == "launch":
-            launched[label] = False
-        elif kind == "compute":
-            for label_in_flight in launched:
-                launched[label_in_flight] = True
-        elif kind == "wait":
-            count += launched.pop(label, False)
-    return count
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--local_rank", type=int, default=-1)
@@ -84,7 +70,7 @@ def main():
     if rank == 0:
         launches = sum(kind == "launch" for kind, _, _ in trace.events)
         print(f"steps: {args.steps} loss: {first:.3f} -> {last:.3f}")
-        print(f"last step: {launches} all-reduces, {overlapped(trace)} of them in flight while "
+        print(f"last step: {launches} all-reduces, {trace.overlapped()} of them in flight while "
               f"other compute ran; {trace.wait_seconds() * 1e3:.1f} ms blocked in waits")
     engine.destroy()
     if last >= first:

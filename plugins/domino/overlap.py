@@ -47,6 +47,19 @@ class OverlapTrace:
     def labels(self):
         return [(kind, label) for kind, label, _ in self.events]
 
+    def overlapped(self):
+        """How many all-reduces had a compute span start between their launch and their wait
+        (the all-reduces that traveled while something else computed)."""
+        count, in_flight = 0, {}
+        for kind, label, _ in self.events:
+            if kind == "launch":
+                in_flight[label] = False
+            elif kind == "compute":
+                in_flight = dict.fromkeys(in_flight, True)
+            elif kind == "wait":
+                count += in_flight.pop(label, False)
+        return count
+
     def wait_seconds(self):
         """Total time spent blocked in waits (the all-reduce time *not* hidden)."""
         total, began = 0.0, {}

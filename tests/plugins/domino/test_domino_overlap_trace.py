@@ -36,6 +36,7 @@ def _trace_on_two_ranks(overlap, hidden_chunks=1):
         for i, (kind, label) in enumerate(trace.labels()):
             if kind == "launch":
                 assert trace.labels()[i + 1:i + 3] == [("wait", label), ("waited", label)]
+        assert trace.overlapped() == 0
         return len(trace.events)
     for layer in range(1, SHAPE["num_layers"] + 1):
         name = f"layer {layer}"
@@ -52,6 +53,8 @@ def _trace_on_two_ranks(overlap, hidden_chunks=1):
             _before(trace, ("launch", f"backward {name} {linear}"),
                     ("compute", f"weight grad {name} {linear}"),
                     ("computed", f"weight grad {name} {linear}"), ("wait", f"backward {name} {linear}"))
+    # all but the very last forward all-reduce (waited for at the end) overlap something
+    assert trace.overlapped() == sum(kind == "launch" for kind, _ in trace.labels()) - 1
     # the last MLP all-reduce of layer 1 is still in flight while layer 2 starts on piece 0
     _before(trace, ("launch", "layer 1 mlp 1"), ("compute", "layer 2 attention 0"),
             ("wait", "layer 1 mlp 1"))
