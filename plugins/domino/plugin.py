@@ -17,8 +17,12 @@ from deepspeed.tensor_parallel.layers import TENSOR_MODEL_PARALLEL
 
 def domino_unit(model):
     """The tensor-parallel unit of the Domino layers in ``model``, or None if it has none."""
+    from torch import nn
+
     from deepspeed.domino.transformer import DominoTransformerLayer
 
+    if not isinstance(model, nn.Module):
+        return None
     units = {id(m.tensor_parallel_unit): m.tensor_parallel_unit for m in model.modules()
              if isinstance(m, DominoTransformerLayer)}
     if len(units) > 1:
