@@ -1,22 +1,15 @@
 """DS4Sci_EvoformerAttention: the chunked torch path and the Triton kernels equal the naive
 reference for the documented variants (forward and backward); the chunked path's measured peak
 memory stays far below the naive one's; bad shapes and dtypes are refused by name."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from deepspeed.ops.deepspeed4science import DS4Sci_EvoformerAttention, evoformer_attention_reference
 from deepspeed.ops.deepspeed4science.chunked import CHUNK_ENV, chunk_plan
-from deepspeed.ops.triton_support import triton_status
 from deepspeed.testing.memory import peak_bytes
 from evoformer_cases import compare, variant
+from triton_check_runner import needs_cuda, needs_triton, run_checks
 
-HERE = Path(__file__).parent
-needs_triton = pytest.mark.skipif(not triton_status()[0], reason=f"{triton_status()[1]}")
 
 
 @pytest.mark.parametrize("name", ["row", "column", "triangle"])
@@ -97,24 +90,13 @@ def test_forcing_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
         DS4Sci_EvoformerAttention(q, q, q, [], backend="triton")
 
 
-def _run_checks(device, interpret):
-    env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(HERE / "evoformer_triton_checks.py"), device], env=env,
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    from evoformer_triton_checks import cases
-
-    assert sum(line.startswith("ok ") for line in proc.stdout.splitlines()) == len(cases(device))
-
-
 @needs_triton
 def test_triton_kernels_under_the_interpreter():
-    _run_checks("cpu", interpret=True)
+    run_checks("evoformer_triton_checks", "cpu", interpret=True)
 
 
 @needs_triton
+@needs_cuda
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the native Triton run needs a GPU")
 def test_triton_kernels_on_gpu():
-    _run_checks("cuda", interpret=False)
+    run_checks("evoformer_triton_checks", "cuda", interpret=False)

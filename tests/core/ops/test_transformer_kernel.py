@@ -9,6 +9,7 @@ import torch
 import deepspeed
 from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer
 from transformer_reference import hf_bert_layer, hf_grads, pre_ln_reference
+from triton_check_runner import needs_cuda, needs_triton, run_checks
 
 NAMES = ["attn_qkvw", "attn_qkvb", "attn_ow", "attn_ob", "attn_nw", "attn_nb", "inter_w", "inter_b",
          "output_w", "output_b", "norm_w", "norm_b"]
@@ -255,3 +256,15 @@ def test_forcing_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
     layer.backend = "fast"
     with pytest.raises(ValueError, match="backend 'fast' is not known"):
         layer(*_inputs())
+
+
+@needs_triton
+def test_triton_kernels_under_the_interpreter_equal_the_torch_path():
+    run_checks("transformer_triton_checks", "cpu", interpret=True)
+
+
+@needs_triton
+@needs_cuda
+@pytest.mark.gpu
+def test_triton_kernels_on_gpu_equal_the_torch_path():
+    run_checks("transformer_triton_checks", "cuda", interpret=False)
