@@ -14,7 +14,7 @@ import os
 import torch
 
 CHUNK_ENV = "DS_EVOFORMER_CHUNK_ELEMENTS"
-DEFAULT_CHUNK_ELEMENTS = 1 << 22  # 16 MiB of fp32 scores per chunk
+DEFAULT_CHUNK_ELEMENTS = 1 << 20  # 4 MiB of fp32 scores per chunk
 
 
 def chunk_plan(batch, rows, heads, lq, lk, budget=None):
