@@ -26,56 +26,65 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _tile(P, sm, sn, offs_m, offs_n, mask):
-    return tl.load(P + offs_m[:, None] * sm + offs_n[None, :] * sn, mask=mask, other=0.0)
+def _base(P, S, b, n, h):
+    """``P`` at (batch b, row n, head h) of a ``[B, N, H, L, X]`` view with strides ``S``."""
+    return P + b.to(tl.int64) * tl.load(S) + n.to(tl.int64) * tl.load(S + 1) + h.to(tl.int64) * tl.load(S + 2)
 
 
 @triton.jit
-def _bias_ptr(B, sb, b, sn, n, sh, h):
-    return B + b.to(tl.int64) * sb + n.to(tl.int64) * sn + h.to(tl.int64) * sh
+def _tile(P, S, offs_a, offs_b, mask):
+    """The ``[len(offs_a), len(offs_b)]`` tile of the last two dimensions, 0 outside ``mask``."""
+    ptrs = P + offs_a[:, None] * tl.load(S + 3) + offs_b[None, :] * tl.load(S + 4)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
-def _scores(q, k, scale, B1, B2, p1, p2, offs_m, offs_n, valid, s1m, s1k, s2m, s2k,
+def _program(N, H):
+    bnh = tl.program_id(1)
+    return bnh, bnh // (N * H), (bnh // H) % N, bnh % H
+
+
+@triton.jit
+def _scores(q, k, scale, p1, s1, p2, s2, offs_m, offs_n, valid,
             HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, IEEE: tl.constexpr):
     s = _dot(q, tl.trans(k), IEEE) * scale
     if HAS_B1:
-        s += _tile(p1, s1m, s1k, offs_m, offs_n, valid).to(tl.float32)
+        s += _tile(p1, s1, offs_m, offs_n, valid).to(tl.float32)
     if HAS_B2:
-        s += _tile(p2, s2m, s2k, offs_m, offs_n, valid).to(tl.float32)
+        s += _tile(p2, s2, offs_m, offs_n, valid).to(tl.float32)
     return s
+
+
+@triton.jit
+def _probs_and_dscores(q, k, v, do, lse, delta, scale, p1, s1, p2, s2, offs_m, offs_n, valid,
+                       HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, IEEE: tl.constexpr):
+    """Recomputed probabilities ``p`` and score gradients ``ds = p * (dO V^T - delta)``."""
+    s = _scores(q, k, scale, p1, s1, p2, s2, offs_m, offs_n, valid, HAS_B1, HAS_B2, IEEE)
+    p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+    return p, p * (_dot(do, tl.trans(v), IEEE) - delta[:, None])
 
 
 @triton.jit
 def _fwd(Q, K, V, B1, B2, O, LSE, sq, sk, sv, so, s1, s2, N, H, LQ, LK, D, scale,
          HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, IEEE: tl.constexpr,
          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bnh = tl.program_id(1)
-    b = bnh // (N * H)
-    n = (bnh // H) % N
-    h = bnh % H
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    bnh, b, n, h = _program(N, H)
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     rows = offs_m < LQ
     dmask = offs_d < D
-    qp = _bias_ptr(Q, tl.load(sq), b, tl.load(sq + 1), n, tl.load(sq + 2), h)
-    kp = _bias_ptr(K, tl.load(sk), b, tl.load(sk + 1), n, tl.load(sk + 2), h)
-    vp = _bias_ptr(V, tl.load(sv), b, tl.load(sv + 1), n, tl.load(sv + 2), h)
-    p1 = _bias_ptr(B1, tl.load(s1), b, tl.load(s1 + 1), n, tl.load(s1 + 2), h)
-    p2 = _bias_ptr(B2, tl.load(s2), b, tl.load(s2 + 1), n, tl.load(s2 + 2), h)
-    q = _tile(qp, tl.load(sq + 3), tl.load(sq + 4), offs_m, offs_d, rows[:, None] & dmask[None, :])
+    kp, vp = _base(K, sk, b, n, h), _base(V, sv, b, n, h)
+    p1, p2 = _base(B1, s1, b, n, h), _base(B2, s2, b, n, h)
+    q = _tile(_base(Q, sq, b, n, h), sq, offs_m, offs_d, rows[:, None] & dmask[None, :])
     m_i = tl.full((BM,), float("-inf"), tl.float32)
     l_i = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BD), tl.float32)
     for start in range(0, LK, BN):
         offs_n = start + tl.arange(0, BN)
         cols = offs_n < LK
-        kv_mask = cols[:, None] & dmask[None, :]
-        k = _tile(kp, tl.load(sk + 3), tl.load(sk + 4), offs_n, offs_d, kv_mask)
-        v = _tile(vp, tl.load(sv + 3), tl.load(sv + 4), offs_n, offs_d, kv_mask)
-        s = _scores(q, k, scale, B1, B2, p1, p2, offs_m, offs_n, rows[:, None] & cols[None, :],
-                    tl.load(s1 + 3), tl.load(s1 + 4), tl.load(s2 + 3), tl.load(s2 + 4),
+        k = _tile(kp, sk, offs_n, offs_d, cols[:, None] & dmask[None, :])
+        v = _tile(vp, sv, offs_n, offs_d, cols[:, None] & dmask[None, :])
+        s = _scores(q, k, scale, p1, s1, p2, s2, offs_m, offs_n, rows[:, None] & cols[None, :],
                     HAS_B1, HAS_B2, IEEE)
         s = tl.where(cols[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -84,51 +93,37 @@ def _fwd(Q, K, V, B1, B2, O, LSE, sq, sk, sv, so, s1, s2, N, H, LQ, LK, D, scale
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
-    acc = acc / l_i[:, None]
-    op = _bias_ptr(O, tl.load(so), b, tl.load(so + 1), n, tl.load(so + 2), h)
-    tl.store(op + offs_m[:, None] * tl.load(so + 3) + offs_d[None, :] * tl.load(so + 4),
-             acc.to(O.dtype.element_ty), mask=rows[:, None] & dmask[None, :])
+    op = _base(O, so, b, n, h) + offs_m[:, None] * tl.load(so + 3) + offs_d[None, :] * tl.load(so + 4)
+    tl.store(op, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=rows[:, None] & dmask[None, :])
     tl.store(LSE + bnh.to(tl.int64) * LQ + offs_m, m_i + tl.log(l_i), mask=rows)
 
 
 @triton.jit
-def _bwd_kv(Q, K, V, B1, B2, DO, LSE, DELTA, DK, DV, sq, sk, sv, s1, s2, sd, sdk, N, H, LQ, LK, D,
+def _bwd_kv(Q, K, V, B1, B2, DO, LSE, DELTA, DK, DV, sq, sk, sv, s1, s2, sd, N, H, LQ, LK, D,
             scale, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, IEEE: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    pid_n = tl.program_id(0)
-    bnh = tl.program_id(1)
-    b = bnh // (N * H)
-    n = (bnh // H) % N
-    h = bnh % H
-    offs_n = pid_n * BN + tl.arange(0, BN)
+    bnh, b, n, h = _program(N, H)
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     cols = offs_n < LK
     dmask = offs_d < D
     kv_mask = cols[:, None] & dmask[None, :]
-    k = _tile(_bias_ptr(K, tl.load(sk), b, tl.load(sk + 1), n, tl.load(sk + 2), h),
-              tl.load(sk + 3), tl.load(sk + 4), offs_n, offs_d, kv_mask)
-    v = _tile(_bias_ptr(V, tl.load(sv), b, tl.load(sv + 1), n, tl.load(sv + 2), h),
-              tl.load(sv + 3), tl.load(sv + 4), offs_n, offs_d, kv_mask)
-    qp = _bias_ptr(Q, tl.load(sq), b, tl.load(sq + 1), n, tl.load(sq + 2), h)
-    dop = _bias_ptr(DO, tl.load(sd), b, tl.load(sd + 1), n, tl.load(sd + 2), h)
-    p1 = _bias_ptr(B1, tl.load(s1), b, tl.load(s1 + 1), n, tl.load(s1 + 2), h)
-    p2 = _bias_ptr(B2, tl.load(s2), b, tl.load(s2 + 1), n, tl.load(s2 + 2), h)
+    k = _tile(_base(K, sk, b, n, h), sk, offs_n, offs_d, kv_mask)
+    v = _tile(_base(V, sv, b, n, h), sv, offs_n, offs_d, kv_mask)
+    qp, dop = _base(Q, sq, b, n, h), _base(DO, sd, b, n, h)
+    p1, p2 = _base(B1, s1, b, n, h), _base(B2, s2, b, n, h)
     dk = tl.zeros((BN, BD), tl.float32)
     dv = tl.zeros((BN, BD), tl.float32)
     for start in range(0, LQ, BM):
         offs_m = start + tl.arange(0, BM)
         rows = offs_m < LQ
-        q_mask = rows[:, None] & dmask[None, :]
-        q = _tile(qp, tl.load(sq + 3), tl.load(sq + 4), offs_m, offs_d, q_mask)
-        do = _tile(dop, tl.load(sd + 3), tl.load(sd + 4), offs_m, offs_d, q_mask)
+        q = _tile(qp, sq, offs_m, offs_d, rows[:, None] & dmask[None, :])
+        do = _tile(dop, sd, offs_m, offs_d, rows[:, None] & dmask[None, :])
         lse = tl.load(LSE + bnh.to(tl.int64) * LQ + offs_m, mask=rows, other=0.0)
         delta = tl.load(DELTA + bnh.to(tl.int64) * LQ + offs_m, mask=rows, other=0.0)
-        s = _scores(q, k, scale, B1, B2, p1, p2, offs_m, offs_n, rows[:, None] & cols[None, :],
-                    tl.load(s1 + 3), tl.load(s1 + 4), tl.load(s2 + 3), tl.load(s2 + 4),
-                    HAS_B1, HAS_B2, IEEE)
-        p = tl.where(rows[:, None] & cols[None, :], tl.exp(s - lse[:, None]), 0.0)
+        p, ds = _probs_and_dscores(q, k, v, do, lse, delta, scale, p1, s1, p2, s2, offs_m, offs_n,
+                                   rows[:, None] & cols[None, :], HAS_B1, HAS_B2, IEEE)
         dv += _dot(tl.trans(p).to(do.dtype), do, IEEE)
-        ds = p * (_dot(do, tl.trans(v), IEEE) - delta[:, None])
         dk += _dot(tl.trans(ds).to(q.dtype), q, IEEE)
     out = bnh.to(tl.int64) * LK * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(DK + out, dk * scale, mask=kv_mask)
@@ -136,12 +131,12 @@ def _bwd_kv(Q, K, V, B1, B2, DO, LSE, DELTA, DK, DV, sq, sk, sv, s1, s2, sd, sdk
 
 
 @triton.jit
-def _acc_bias_grad(G, gb, gn, gh, b, n, h, gm, gk, ds, offs_m, offs_n, rows, cols):
-    base = _bias_ptr(G, gb, b, gn, n, gh, h)
-    if gm == 0:  # broadcast over queries: one row per block
-        tl.atomic_add(base + offs_n * gk, tl.sum(ds, 0), mask=cols)
+def _acc_bias_grad(G, g, b, n, h, ds, offs_m, offs_n, rows, cols):
+    base = _base(G, g, b, n, h)
+    if tl.load(g + 3) == 0:  # broadcast over queries: one row per block
+        tl.atomic_add(base + offs_n * tl.load(g + 4), tl.sum(ds, 0), mask=cols)
     else:
-        tl.atomic_add(base + offs_m[:, None] * gm + offs_n[None, :] * gk, ds,
+        tl.atomic_add(base + offs_m[:, None] * tl.load(g + 3) + offs_n[None, :] * tl.load(g + 4), ds,
                       mask=rows[:, None] & cols[None, :])
 
 
@@ -150,45 +145,31 @@ def _bwd_q(Q, K, V, B1, B2, DO, LSE, DELTA, DQ, G1, G2, sq, sk, sv, s1, s2, sd, 
            N, H, LQ, LK, D, scale, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr,
            GRAD_B1: tl.constexpr, GRAD_B2: tl.constexpr, IEEE: tl.constexpr,
            BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bnh = tl.program_id(1)
-    b = bnh // (N * H)
-    n = (bnh // H) % N
-    h = bnh % H
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    bnh, b, n, h = _program(N, H)
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     rows = offs_m < LQ
     dmask = offs_d < D
     q_mask = rows[:, None] & dmask[None, :]
-    q = _tile(_bias_ptr(Q, tl.load(sq), b, tl.load(sq + 1), n, tl.load(sq + 2), h),
-              tl.load(sq + 3), tl.load(sq + 4), offs_m, offs_d, q_mask)
-    do = _tile(_bias_ptr(DO, tl.load(sd), b, tl.load(sd + 1), n, tl.load(sd + 2), h),
-               tl.load(sd + 3), tl.load(sd + 4), offs_m, offs_d, q_mask)
-    kp = _bias_ptr(K, tl.load(sk), b, tl.load(sk + 1), n, tl.load(sk + 2), h)
-    vp = _bias_ptr(V, tl.load(sv), b, tl.load(sv + 1), n, tl.load(sv + 2), h)
-    p1 = _bias_ptr(B1, tl.load(s1), b, tl.load(s1 + 1), n, tl.load(s1 + 2), h)
-    p2 = _bias_ptr(B2, tl.load(s2), b, tl.load(s2 + 1), n, tl.load(s2 + 2), h)
+    q = _tile(_base(Q, sq, b, n, h), sq, offs_m, offs_d, q_mask)
+    do = _tile(_base(DO, sd, b, n, h), sd, offs_m, offs_d, q_mask)
+    kp, vp = _base(K, sk, b, n, h), _base(V, sv, b, n, h)
+    p1, p2 = _base(B1, s1, b, n, h), _base(B2, s2, b, n, h)
     lse = tl.load(LSE + bnh.to(tl.int64) * LQ + offs_m, mask=rows, other=0.0)
     delta = tl.load(DELTA + bnh.to(tl.int64) * LQ + offs_m, mask=rows, other=0.0)
     dq = tl.zeros((BM, BD), tl.float32)
     for start in range(0, LK, BN):
         offs_n = start + tl.arange(0, BN)
         cols = offs_n < LK
-        kv_mask = cols[:, None] & dmask[None, :]
-        k = _tile(kp, tl.load(sk + 3), tl.load(sk + 4), offs_n, offs_d, kv_mask)
-        v = _tile(vp, tl.load(sv + 3), tl.load(sv + 4), offs_n, offs_d, kv_mask)
-        s = _scores(q, k, scale, B1, B2, p1, p2, offs_m, offs_n, rows[:, None] & cols[None, :],
-                    tl.load(s1 + 3), tl.load(s1 + 4), tl.load(s2 + 3), tl.load(s2 + 4),
-                    HAS_B1, HAS_B2, IEEE)
-        p = tl.where(rows[:, None] & cols[None, :], tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (_dot(do, tl.trans(v), IEEE) - delta[:, None])
+        k = _tile(kp, sk, offs_n, offs_d, cols[:, None] & dmask[None, :])
+        v = _tile(vp, sv, offs_n, offs_d, cols[:, None] & dmask[None, :])
+        p, ds = _probs_and_dscores(q, k, v, do, lse, delta, scale, p1, s1, p2, s2, offs_m, offs_n,
+                                   rows[:, None] & cols[None, :], HAS_B1, HAS_B2, IEEE)
         dq += _dot(ds.to(k.dtype), k, IEEE)
         if GRAD_B1:
-            _acc_bias_grad(G1, tl.load(g1), tl.load(g1 + 1), tl.load(g1 + 2), b, n, h, tl.load(g1 + 3),
-                           tl.load(g1 + 4), ds, offs_m, offs_n, rows, cols)
+            _acc_bias_grad(G1, g1, b, n, h, ds, offs_m, offs_n, rows, cols)
         if GRAD_B2:
-            _acc_bias_grad(G2, tl.load(g2), tl.load(g2 + 1), tl.load(g2 + 2), b, n, h, tl.load(g2 + 3),
-                           tl.load(g2 + 4), ds, offs_m, offs_n, rows, cols)
+            _acc_bias_grad(G2, g2, b, n, h, ds, offs_m, offs_n, rows, cols)
     out = bnh.to(tl.int64) * LQ * D + offs_m[:, None] * D + offs_d[None, :]
     tl.store(DQ + out, dq * scale, mask=q_mask)
 
@@ -261,7 +242,7 @@ class TritonEvoformerAttention(torch.autograd.Function):
         b2 = bias2 if bias2 is not None else q
         s = [_strides(t, dev) for t in (q, k, v, bias1, bias2, dout)]
         _bwd_kv[(triton.cdiv(lk, bn), batch * rows * heads)](
-            q, k, v, b1, b2, dout, lse, delta, dk, dv, *s, _strides(dk, dev), rows, heads, lq, lk,
+            q, k, v, b1, b2, dout, lse, delta, dk, dv, *s, rows, heads, lq, lk,
             dim, dim ** -0.5, **common)
         _bwd_q[(triton.cdiv(lq, bm), batch * rows * heads)](
             q, k, v, b1, b2, dout, lse, delta, dq,

@@ -6,6 +6,7 @@ import sys
 import torch
 
 from evoformer_cases import compare
+from triton_check_runner import check_all
 
 
 def cases(device):
@@ -14,17 +15,6 @@ def cases(device):
     return [(name, dtype) for name in ("row", "column", "triangle") for dtype in dtypes]
 
 
-def main(device):
-    failed = 0
-    for name, dtype in cases(device):
-        try:
-            compare(name, dtype, device=device, backend="triton")
-            print(f"ok {name} {dtype}")
-        except AssertionError as err:
-            failed += 1
-            print(f"FAIL {name} {dtype}: {err}")
-    sys.exit(1 if failed else 0)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    check_all(cases(device), lambda name, dtype: compare(name, dtype, device=device, backend="triton"))

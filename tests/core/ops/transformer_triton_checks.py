@@ -7,6 +7,7 @@ import sys
 import torch
 
 from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer
+from triton_check_runner import check_all
 
 FLAGS = ("normalize_invertible", "gelu_checkpoint", "attn_dropout_checkpoint")
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
@@ -44,18 +45,6 @@ def check(pre, dtype, flags, device):
         torch.testing.assert_close(got.float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype] * scale)
 
 
-def main(device):
-    failed = 0
-    for pre, dtype, flags in cases(device):
-        name = f"pre_ln={pre} {dtype} flags={sorted(flags)}"
-        try:
-            check(pre, dtype, flags, device)
-            print(f"ok {name}")
-        except AssertionError as err:
-            failed += 1
-            print(f"FAIL {name}: {err}")
-    sys.exit(1 if failed else 0)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    check_all(cases(device), lambda pre, dtype, flags: check(pre, dtype, flags, device))

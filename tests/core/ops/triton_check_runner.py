@@ -1,5 +1,6 @@
 """Runs a ``*_triton_checks.py`` script of this folder in a fresh interpreter (Triton reads
-``TRITON_INTERPRET`` when it is imported) and checks that every case it lists printed ``ok``."""
+``TRITON_INTERPRET`` when it is imported) and checks that every case it lists printed ``ok``;
+``check_all`` is those scripts' main loop."""
 import importlib
 import os
 import subprocess
@@ -25,3 +26,17 @@ def run_checks(module, device, interpret):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cases = importlib.import_module(module).cases(device)
     assert sum(line.startswith("ok ") for line in proc.stdout.splitlines()) == len(cases), proc.stdout
+
+
+def check_all(cases, check):
+    """Run ``check(*case)`` for every case, print ``ok``/``FAIL`` per case, exit 1 on a failure."""
+    failed = 0
+    for case in cases:
+        name = " ".join(str(c) for c in case)
+        try:
+            check(*case)
+            print(f"ok {name}")
+        except AssertionError as err:
+            failed += 1
+            print(f"FAIL {name}: {err}")
+    sys.exit(1 if failed else 0)
