@@ -128,6 +128,7 @@ def attention(q, k, v, mask, p, checkpoint, stochastic, generator):
     probs = torch.softmax(scores, dim=-1)
     keep = dropout_mask(probs, p, generator)
     if checkpoint:
-        return _DropoutMatmul.apply(probs, keep, v, 1.0 - p)
+        # v is a view of the fused qkv projection: keeping it would keep all of q, k and v
+        return _DropoutMatmul.apply(probs, keep, v.contiguous(), 1.0 - p)
     return (probs * keep.to(probs.dtype) / (1.0 - p)) @ v
 FUSED_BIAS_GELU = False
