@@ -39,11 +39,18 @@ def _blocks(rows, lq, n_chunk, q_chunk):
 
 
 def _scores(q, k, biases, n_sl, q_sl, scale):
-    s = (q[:, n_sl, :, q_sl].float() @ k[:, n_sl].float().transpose(-1, -2)) * scale
-    for bias in biases:
-        if bias is not None:
-            s = s + _sliced(bias, n_sl, q_sl).float()
-    return s
+    """Scaled scores plus biases of one chunk, fp32: the scale goes on the (small) query block and
+    the biases into the matmul's accumulator (``baddbmm``), so the score block is written once."""
+    qc = q[:, n_sl, :, q_sl].float() * scale
+    kc = k[:, n_sl].float()
+    shape = qc.shape[:-1] + (kc.shape[-2],)
+    present = [_sliced(b, n_sl, q_sl).float() for b in biases if b is not None]
+    if not present:
+        return qc @ kc.transpose(-1, -2)
+    bias = present[0] if len(present) == 1 else present[0] + present[1]
+    bias = bias.expand(shape).reshape(-1, shape[-2], shape[-1])
+    s = torch.baddbmm(bias, qc.reshape(-1, *qc.shape[-2:]), kc.reshape(-1, *kc.shape[-2:]).transpose(-1, -2))
+    return s.view(shape)
 
 
 class ChunkedEvoformerAttention(torch.autograd.Function):
@@ -58,9 +65,11 @@ class ChunkedEvoformerAttention(torch.autograd.Function):
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         for n_sl, q_sl in _blocks(rows, lq, *plan):
             s = _scores(q, k, (bias1, bias2), n_sl, q_sl, scale)
-            m = torch.logsumexp(s, dim=-1, keepdim=True)
-            out[:, n_sl, :, q_sl] = (torch.exp(s - m) @ v[:, n_sl].float()).to(q.dtype)
-            lse[:, n_sl, :, q_sl] = m.squeeze(-1)
+            m = s.amax(dim=-1, keepdim=True)
+            p = s.sub_(m).exp_()  # in place: the score block is the only big temporary
+            total = p.sum(-1, keepdim=True)
+            out[:, n_sl, :, q_sl] = ((p @ v[:, n_sl].float()) / total).to(q.dtype)
+            lse[:, n_sl, :, q_sl] = (m + total.log()).squeeze(-1)
         ctx.plan, ctx.scale = plan, scale
         ctx.save_for_backward(q, k, v, out, lse, bias1, bias2)
         return out
@@ -76,10 +85,10 @@ class ChunkedEvoformerAttention(torch.autograd.Function):
                  for i, b in enumerate(biases)]
         delta = (dout.float() * out.float()).sum(-1)  # [B, N, H, Lq]
         for n_sl, q_sl in _blocks(rows, lq, *ctx.plan):
-            p = torch.exp(_scores(q, k, biases, n_sl, q_sl, ctx.scale) - lse[:, n_sl, :, q_sl, None])
+            p = _scores(q, k, biases, n_sl, q_sl, ctx.scale).sub_(lse[:, n_sl, :, q_sl, None]).exp_()
             do = dout[:, n_sl, :, q_sl].float()
             dv[:, n_sl] += p.transpose(-1, -2) @ do
-            ds = p * (do @ v[:, n_sl].float().transpose(-1, -2) - delta[:, n_sl, :, q_sl, None])
+            ds = (do @ v[:, n_sl].float().transpose(-1, -2)).sub_(delta[:, n_sl, :, q_sl, None]).mul_(p)
             dq[:, n_sl, :, q_sl] = (ds @ k[:, n_sl].float()) * ctx.scale
             dk[:, n_sl] += (ds.transpose(-1, -2) @ q[:, n_sl, :, q_sl].float()) * ctx.scale
             for grad in dbias:
