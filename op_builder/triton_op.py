@@ -1,4 +1,5 @@
-"""Builder entries of ops written in Triton (transformer kernel, Evoformer attention).
+"""Builder entries of ops written in Triton (transformer kernel, Evoformer attention, sparse
+attention).
 
 Triton compiles its kernels itself at first launch: there is no C++ to build ahead of time
 (``PREBUILDABLE = False``: ``DS_BUILD_<OP>`` skips it with that reason) and nothing to JIT through
@@ -18,6 +19,11 @@ class TritonOpBuilder(OpBuilder):
     PREBUILDABLE = False
     KERNELS = ""
     TORCH_PATH = "the torch path"
+    INSTALL_HINT = "pip install triton"
+
+    def missing(self):
+        """Reasons beyond triton/CUDA why the kernels cannot run (a subclass's own needs)."""
+        return []
 
     def absolute_name(self):
         return self.KERNELS
@@ -31,9 +37,10 @@ class TritonOpBuilder(OpBuilder):
                 and importlib.util.find_spec(self.KERNELS.rpartition(".")[0]) is not None)
 
     def is_compatible(self, verbose=False):
-        reasons = []
+        reasons = self.missing()
         if importlib.util.find_spec("triton") is None:
-            reasons.append(f"triton is not installed (pip install triton); {self.TORCH_PATH} is used instead")
+            reasons.append(f"triton is not installed ({self.INSTALL_HINT}); {self.TORCH_PATH} is "
+                           f"used instead")
         try:
             import torch
 
