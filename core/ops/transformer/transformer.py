@@ -147,6 +147,9 @@ class DeepSpeedTransformerLayer(nn.Module):
                            encoder_hidden_states=encoder_hidden_states,
                            encoder_attention_mask=encoder_attention_mask,
                            past_key_value=past_key_value, grad_input=grad_input)
+        if kwargs:
+            raise TypeError(f"DeepSpeedTransformerLayer.forward got unexpected keyword argument(s) "
+                            f"{sorted(kwargs)}")
         given = [k for k, v in unsupported.items() if v is not None] + (
             ["output_attentions"] if output_attentions else [])
         if given:

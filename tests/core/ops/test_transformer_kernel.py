@@ -202,6 +202,19 @@ def test_each_memory_flag_shrinks_saved_activations(pre_ln):
     assert every < min(sizes.values())
 
 
+def test_stochastic_mode_is_the_same_layer_without_dropout_and_trains_with_it():
+    x, mask = _inputs()
+    base = _run(_layer(), x, mask)
+    fast = _run(_layer(stochastic_mode=True), x, mask)
+    _close(fast[0], base[0], 1e-6)
+    _close(fast[1], base[1], 1e-6)
+    layer = _layer(stochastic_mode=True, attn_dropout_ratio=0.3)
+    out, gx, grads = _run(layer, x, mask)  # SDPA draws the attention dropout itself
+    assert not torch.allclose(out, base[0]) and all(torch.isfinite(g).all() for g in grads.values())
+    layer.eval()
+    _close(layer(x, mask), base[0], 1e-6)
+
+
 def test_return_tuple_eval_and_fp16_on_cpu():
     layer = _layer(return_tuple=True, attn_dropout_ratio=0.5, hidden_dropout_ratio=0.5, training=False)
     assert not layer.training
@@ -241,6 +254,8 @@ def test_bad_inputs_are_refused():
         layer(torch.ones(2, 16, 32, dtype=torch.long))
     with pytest.raises(ValueError, match="attention_mask"):
         layer(torch.randn(2, 16, 32), torch.zeros(2, 16, 16, 1, 1))
+    with pytest.raises(TypeError, match="unexpected keyword argument.*head_mask_typo"):
+        layer(torch.randn(2, 16, 32), head_mask_typo=None)
     with pytest.raises(NotImplementedError, match="encoder_hidden_states"):
         layer(torch.randn(2, 16, 32), encoder_hidden_states=torch.randn(2, 16, 32))
     with pytest.raises(TypeError, match="DeepSpeedTransformerConfig"):
