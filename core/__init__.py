@@ -20,6 +20,8 @@ _LAZY = {
     "DeepSpeedConfig": "deepspeed.config",
     "DeepSpeedPlugin": "deepspeed.plugin_manager",
     "get_accelerator": "deepspeed.accelerator",
+    "DeepSpeedTransformerConfig": "deepspeed.ops.transformer",
+    "DeepSpeedTransformerLayer": "deepspeed.ops.transformer",
 }
 
 __all__ = ["__version__", "version", "hookimpl", *_LAZY]

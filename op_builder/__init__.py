@@ -19,6 +19,8 @@ BUILDER_MODULES = {
     "FusedAdamBuilder": "fused_adam",
     "FusedLambBuilder": "fused_lamb",
     "SparseAttnBuilder": "sparse_attn",
+    "TransformerBuilder": "triton_op",
+    "EvoformerAttnBuilder": "triton_op",
 }
 
 

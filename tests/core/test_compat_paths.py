@@ -23,6 +23,11 @@ PATHS = [
      "deepspeed.zero.zero_to_fp32"),
     ("deepspeed.checkpoint.ds_to_universal", "main", "deepspeed.zero.ds_to_universal"),
     ("deepspeed.checkpoint.ds_to_universal", "convert", "deepspeed.zero.ds_to_universal"),
+    # the ops' documented module paths are their real homes; the API docs also name the top level
+    ("deepspeed.ops.transformer", "DeepSpeedTransformerConfig", "deepspeed"),
+    ("deepspeed.ops.transformer", "DeepSpeedTransformerLayer", "deepspeed"),
+    ("deepspeed.ops.deepspeed4science", "DS4Sci_EvoformerAttention",
+     "deepspeed.ops.deepspeed4science.evoformer_attn"),
 ]
 
 
@@ -36,7 +41,8 @@ def test_top_level_names():
     import deepspeed
 
     for name in ("initialize", "add_config_arguments", "init_distributed", "DeepSpeedEngine",
-                 "DeepSpeedConfig", "get_accelerator", "hookimpl", "__version__", "comm"):
+                 "DeepSpeedConfig", "get_accelerator", "hookimpl", "__version__", "comm",
+                 "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer"):
         assert getattr(deepspeed, name) is not None, name
 
 

@@ -1,0 +1,10 @@
+"""The DeepSpeed transformer kernel (`deepspeed.ops.transformer`): a fused BERT encoder layer.
+
+``DeepSpeedTransformerLayer(DeepSpeedTransformerConfig(...))``: Triton kernels on GPU, torch ops
+(SDPA, fused LayerNorm) on CPU; see ``transformer.py``. Also exported as
+``deepspeed.DeepSpeedTransformerConfig`` / ``deepspeed.DeepSpeedTransformerLayer``.
+"""
+from deepspeed.ops.transformer.config import DeepSpeedTransformerConfig, TransformerConfig
+from deepspeed.ops.transformer.transformer import DeepSpeedTransformerLayer
+
+__all__ = ["DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "TransformerConfig"]

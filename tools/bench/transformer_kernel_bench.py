@@ -1,0 +1,140 @@
+"""DeepSpeedTransformerLayer vs HF ``BertLayer`` (the torch reference), and what each memory
+flag saves.
+
+Contestants, timed in the same run on the same weights and inputs (fp32 on CPU, dropout 0, a
+padding mask): ``hf_sdpa`` (``BertLayer``, attn_implementation "sdpa", HF's default),
+``hf_eager`` (``BertLayer``, "eager"), ``ds`` (``DeepSpeedTransformerLayer``, the path the input's
+device selects: torch ops on CPU, Triton kernels on CUDA) and, on CUDA, ``ds_torch`` (the layer's
+torch path on the GPU). Each step is forward + backward (``--eval``: forward only under
+``no_grad``). Median of ``--repeats`` timings of ``--iters`` steps each, the contestants taking turns. Then the activation bytes
+autograd keeps for backward (each storage once, parameters excluded; attention and hidden dropout
+0.1 so the dropout tensors exist), for no flag, each flag alone, and all three.
+
+    python tools/bench/transformer_kernel_bench.py [--hidden 256 --heads 4 --seq 128 --batch 8]
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "core" / "ops"))
+from transformer_reference import hf_bert_layer  # noqa: E402
+
+from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer  # noqa: E402
+
+FLAGS = ("normalize_invertible", "gelu_checkpoint", "attn_dropout_checkpoint")
+
+
+def _config(args, **kw):
+    base = dict(hidden_size=args.hidden, heads=args.heads, intermediate_size=4 * args.hidden,
+                num_hidden_layers=24, initializer_range=0.02, attn_dropout_ratio=0.0,
+                hidden_dropout_ratio=0.0, pre_layer_norm=False)
+    base.update(kw)
+    return DeepSpeedTransformerConfig(**base)
+
+
+def _time_interleaved(steps, args, device):
+    """Median seconds per step of each contestant; the contestants take turns within every
+    repeat, so a change in the machine's load hits them alike."""
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for step in steps.values():
+        for _ in range(2):
+            step()
+    times = {name: [] for name in steps}
+    for _ in range(args.repeats):
+        for name, step in steps.items():
+            sync()
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                step()
+            sync()
+            times[name].append((time.perf_counter() - start) / args.iters)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _step(layer, x, mask, train):
+    def run():
+        if not train:
+            with torch.no_grad():
+                return layer(x, mask)
+        out = layer(x, mask)
+        out = out[0] if isinstance(out, tuple) else out
+        out.sum().backward()
+    return run
+
+
+def _saved_bytes(layer, x, mask):
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    seen = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, mask)
+    return sum(seen.values())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--eval", action="store_true", help="forward only, no_grad")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.float32
+
+    torch.manual_seed(0)
+    ds = DeepSpeedTransformerLayer(_config(args)).to(device)
+    hf_sdpa = hf_bert_layer(ds.cpu()).to(device)
+    ds = ds.to(device)
+    hf_eager = hf_bert_layer(ds.cpu()).to(device)
+    hf_eager.attention.self.config._attn_implementation = "eager"
+    hf_sdpa.attention.self.config._attn_implementation = "sdpa"
+    ds = ds.to(device)
+    for layer in (ds, hf_sdpa, hf_eager):
+        layer.train(not args.eval)
+    x = torch.randn(args.batch, args.seq, args.hidden, device=device, dtype=dtype, requires_grad=not args.eval)
+    mask = torch.zeros(args.batch, 1, 1, args.seq, device=device, dtype=dtype)
+    mask[:, ..., args.seq * 7 // 8:] = torch.finfo(dtype).min  # the last eighth is padding
+
+    contestants = {"hf_sdpa": hf_sdpa, "hf_eager": hf_eager, "ds": ds}
+    if device.type == "cuda":
+        ds_torch = DeepSpeedTransformerLayer(_config(args)).to(device)
+        ds_torch.load_state_dict(ds.state_dict())
+        ds_torch.backend = "torch"
+        contestants["ds_torch"] = ds_torch
+    print(f"# {device} fp32 hidden {args.hidden} heads {args.heads} seq {args.seq} batch "
+          f"{args.batch}, {'forward' if args.eval else 'forward+backward'}, torch {torch.__version__}, "
+          f"threads {torch.get_num_threads()}")
+    times = _time_interleaved({name: _step(layer, x, mask, not args.eval)
+                               for name, layer in contestants.items()}, args, device)
+    for name, seconds in times.items():
+        print(f"{name:10s} {seconds * 1e3:9.2f} ms/step   hf_sdpa/{name} = {times['hf_sdpa'] / seconds:5.2f}x")
+
+    print("# saved activation bytes per layer (dropout 0.1, train mode)")
+    x_mem = x.detach().requires_grad_()
+    base = None
+    for name, flags in [("none", {})] + [(f, {f: True}) for f in FLAGS] + [("all three", dict.fromkeys(FLAGS, True))]:
+        layer = DeepSpeedTransformerLayer(_config(args, attn_dropout_ratio=0.1, hidden_dropout_ratio=0.1,
+                                                  seed=1, **flags)).to(device).train()
+        size = _saved_bytes(layer, x_mem, mask)
+        base = base or size
+        print(f"{name:24s} {size / 2**20:8.2f} MiB   {size / base:5.2f} of no flag")
+
+
+if __name__ == "__main__":
+    main()
