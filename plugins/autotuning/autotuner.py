@@ -18,6 +18,8 @@ import sys
 import time
 from typing import List, Optional
 
+from pydantic import ValidationError
+
 from deepspeed.autotuning import jobs, space as sp
 from deepspeed.autotuning.config import AutotuningConfig
 from deepspeed.autotuning.report import score, write_summary
@@ -58,7 +60,12 @@ class Autotuner:
         if not raw_section.get("enabled", False):
             _progress("note: the config has no \"autotuning\": {\"enabled\": true}; tuning with "
                       "the default autotuning settings")
-        self.section = AutotuningConfig(**{**raw_section, "enabled": True})
+        try:
+            self.section = AutotuningConfig(**{**raw_section, "enabled": True})
+        except ValidationError as exc:
+            raise ValueError("; ".join(
+                f"autotuning.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"]
+                else f"autotuning: {e['msg']}" for e in exc.errors())) from None
         self.space = sp.build_space(self.user_config, self.section,
                                     source=self.command.config_path)
         self.world = self._world_size(args)
