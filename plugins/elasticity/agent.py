@@ -80,6 +80,10 @@ def run_elastic(args):
         print(f"elastic launch: {launch}")
         print(" ".join([program] + program_args))
         return 0
+    # torch elastic shares one TCP store across rounds by default, but a node that stays rank 0
+    # then never re-announces its address in a later round, so a node joining in that round
+    # waits for it forever (scale-up hangs): a fresh store per round avoids that
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     cores = os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // launch["nproc_per_node"])))
     logger.info(f"elastic training: {launch['min_nodes']}..{launch['max_nodes']} node(s) x "

@@ -90,13 +90,17 @@ def test_two_one_two_workers(tmp_path):
     b = _node(tmp_path, port, 1, "node_b")
     procs = [a, b]
     try:
-        first = _wait_for(tmp_path, "2 workers", lambda r: any(x["world"] == 2 for x in r), procs)
+        # a checkpoint exists (every 2 steps) before the first worker dies
+        first = _wait_for(tmp_path, "2 workers past a checkpoint",
+                          lambda r: any(x["world"] == 2 and x["step"] >= 3 for x in r), procs)
         _kill_node(b)  # node b dies: its agent and its worker
         b.wait()
         procs = [a]
         seen = len(first)
-        _wait_for(tmp_path, "training on 1 worker",
-                  lambda r: any(x["world"] == 1 for x in r[seen:]), procs)
+        # ... and the single worker saves one of its own before the new worker joins
+        _wait_for(tmp_path, "1 worker past a checkpoint",
+                  lambda r: any(x["world"] == 1 and x["step"] % 2 == 0
+                                and x["step"] > x["resumed_from"] for x in r[seen:]), procs)
         c = _node(tmp_path, port, 1, "node_c")
         procs = [a, c]
         _wait_for(tmp_path, "2 workers again",
@@ -120,7 +124,7 @@ def test_two_one_two_workers(tmp_path):
     for prev, cur in zip(records, records[1:]):
         if cur["resumed_from"] != prev["resumed_from"]:
             assert cur["step"] == cur["resumed_from"] + 1
-            assert prev["step"] - 2 <= cur["resumed_from"] <= prev["step"] and cur["resumed_from"]
+            assert 2 <= prev["step"] - 2 <= cur["resumed_from"] <= prev["step"]
     final = torch.load(tmp_path / "elastic_checkpoints" / "final_model.pt")
     reference = _reference_weights()
     for name, value in reference.items():
