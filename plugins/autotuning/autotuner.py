@@ -78,6 +78,7 @@ class Autotuner:
         self.experiments = []  # records of every experiment run (for the summary)
         self.pruned = []
         self.failures = []
+        self.oom = set()  # (stage, micro-batch) that ran out of memory
         self.start = time.perf_counter()
         self.count = 0
 
@@ -153,19 +154,24 @@ class Autotuner:
             return {"num_params": known.num_params, "activation_mem_per_sample": 0}
         name = "profile_model_info"
         info_path = os.path.join(self.results_dir, name, "model_info.json")
-        point = sp.Point(self.space.stages[0] if self.space.stages[0] == 0 else 0,
-                         self.section.min_train_micro_batch_size_per_gpu, 1)
         section = self._autotuning_section(model_info={"profile": True},
                                            model_info_path=info_path,
                                            start_profile_step=0, end_profile_step=1)
         section.pop("metric_path", None)
-        config = sp.experiment_config(self.user_config, point, self.dp_world, self.space, section)
-        config.pop("train_batch_size")
         _progress(f"profiling the model (parameters, activation memory) on {self.world} rank(s)")
-        result = self._run(name, config, info_path)
-        if not result.ok:
-            _progress(f"profiling run failed ({result.error}); log: {result.log_path}; tuning "
-                      f"without memory pruning")
+        # stage 0 sees the parameters whole (exact activation bytes); stage 3 is the fallback
+        # for a model whose states do not fit unpartitioned
+        for stage in (0, 3):
+            point = sp.Point(stage, self.section.min_train_micro_batch_size_per_gpu, 1)
+            config = sp.experiment_config(self.user_config, point, self.dp_world, self.space,
+                                          section)
+            result = self._run(name, config, info_path)
+            if result.ok:
+                break
+            _progress(f"profiling run at ZeRO stage {stage} failed ({result.error}); log: "
+                      f"{result.log_path}")
+        else:
+            _progress("tuning without memory pruning")
             return None
         info = result.metrics
         _progress(f"model info: {info['num_params']:,} parameters, "
@@ -199,7 +205,6 @@ class Autotuner:
         return best
 
     def run_search(self):
-        self.oom = set()
         for directory in (self.results_dir, self.exps_dir):
             os.makedirs(directory, exist_ok=True)
         _progress(f"mode {self.mode}: tuning ZeRO stages {self.space.stages} on {self.world} "
