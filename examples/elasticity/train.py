@@ -29,7 +29,7 @@ MODEL = GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=32)
 CONFIG = {
     "elasticity": {"enabled": True, "max_train_batch_size": 16, "micro_batch_sizes": [2, 4],
                    "min_gpus": 1, "max_gpus": 2, "version": 0.1},
-    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.0}},
     "steps_per_print": 10 ** 6,
 }
 

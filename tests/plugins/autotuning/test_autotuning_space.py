@@ -130,3 +130,19 @@ def test_arg_mappings_rewrite_the_script_flags():
                     "--gradient_accumulation_steps", "2"]
     assert set_flag(["--x=1"], "--x", "3") == ["--x=3"]
     assert command.display(args).startswith("deepspeed --num_gpus 2 run_clm.py ")
+
+
+def test_unchanged_experiment_is_reused_without_overwrite(tmp_path):
+    import json
+
+    from deepspeed.autotuning.jobs import run_job
+
+    exp_dir, result = tmp_path / "z0_gas1_tmbspg2", tmp_path / "z0_gas1_tmbspg2" / "metrics.json"
+    exp_dir.mkdir()
+    config = {"train_micro_batch_size_per_gpu": 2}
+    (exp_dir / "ds_config.json").write_text(json.dumps(config))
+    result.write_text(json.dumps({"throughput": 12.5}))
+    command = UserCommand([], "/nonexistent/script.py", ["--deepspeed", "x.json"], 1)
+    reused = run_job(command, "z0_gas1_tmbspg2", config, str(exp_dir), str(result), None,
+                     overwrite=False)
+    assert reused.reused and reused.metrics == {"throughput": 12.5}
