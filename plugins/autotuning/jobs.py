@@ -4,6 +4,7 @@ flags that carry the tuned values rewritten. Output goes to per-experiment log f
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -36,11 +37,23 @@ class UserCommand:
         return args
 
     def runner_command(self, script_args: List[str]) -> List[str]:
-        return ([sys.executable, "-u", "-m", "deepspeed.launcher.runner"] + self.launcher_flags
+        flags = list(self.launcher_flags)
+        given = {f.split("=", 1)[0] for f in flags}
+        if not given & {"--master_port", "-H", "--hostfile"}:
+            # each job its own rendezvous port: the previous experiment's port may still be
+            # held while its processes exit, and other jobs on the machine use the default
+            flags += ["--master_port", str(free_port())]
+        return ([sys.executable, "-u", "-m", "deepspeed.launcher.runner"] + flags
                 + [self.script] + script_args)
 
     def display(self, script_args: List[str]) -> str:
         return shlex.join(["deepspeed"] + self.launcher_flags + [self.script] + script_args)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def set_flag(args: List[str], flag: str, value: str) -> List[str]:
