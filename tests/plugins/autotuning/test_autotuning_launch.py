@@ -34,6 +34,7 @@ def test_tune_and_run_on_the_demo_gpt(tmp_path):
     names = {r["name"] for r in summary["experiments"]}
     assert names == {"z0_gas1_tmbspg4", "z1_gas1_tmbspg4"}
     measured = {r["name"]: r["metric_value"] for r in summary["experiments"]}
+    assert None not in measured.values(), summary["experiments"]
     best = summary["tuning_spaces"]["global"]["best_exp_name"]
     assert best in names and measured[best] == max(measured.values()) > 0
     for stage in ("z0", "z1"):
