@@ -13,19 +13,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 DEMO = os.path.join(REPO, "examples", "train_demo.py")
 
 
-def _deepspeed(args, cwd, timeout=280):
+def _deepspeed(args, cwd, timeout=580):
     return subprocess.run([sys.executable, "-m", "deepspeed.launcher.runner"] + args, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def test_tune_and_run_on_the_demo_gpt(tmp_path):
+@pytest.mark.timeout(600)  # 3 two-rank jobs: about a minute, far more on a loaded machine
+def test_tune_on_the_demo_gpt(tmp_path):
     config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": [0, 1]},
               "optimizer": {"type": "AdamW", "params": {"lr": 5e-3}},
               "autotuning": {"enabled": True, "start_profile_step": 1, "end_profile_step": 2,
-                             "tuner_type": "gridsearch",
-                             "arg_mappings": {"train_micro_batch_size_per_gpu ": "--print_every"}}}
+                             "tuner_type": "gridsearch"}}
     (tmp_path / "ds_config.json").write_text(json.dumps(config))
-    out = _deepspeed(["--autotuning", "run", "--num_gpus", "2", DEMO, "--steps", "3",
+    out = _deepspeed(["--autotuning", "tune", "--num_gpus", "2", DEMO,
                       "--deepspeed_config", "ds_config.json"], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = tmp_path / "autotuning_results"
@@ -39,6 +39,10 @@ def test_tune_and_run_on_the_demo_gpt(tmp_path):
     assert best in names and measured[best] == max(measured.values()) > 0
     for stage in ("z0", "z1"):
         assert summary["tuning_spaces"][stage]["num_experiments"] == 1
+    for name in names:  # measured by the engine's timers over the profile window
+        metrics = next(r["metrics"] for r in summary["experiments"] if r["name"] == name)
+        assert metrics["measured_steps"] == 1 and metrics["train_batch_size"] == 8
+        assert metrics["latency"] == pytest.approx(sum(metrics["phases_ms"].values()))
     assert sorted(os.listdir(tmp_path / "autotuning_exps")) == \
         ["profile_model_info.json", "z0_gas1_tmbspg4.json", "z1_gas1_tmbspg4.json"]
     info = json.loads((results / "profile_model_info" / "model_info.json").read_text())
@@ -47,16 +51,44 @@ def test_tune_and_run_on_the_demo_gpt(tmp_path):
     assert optimal["zero_optimization"]["stage"] == int(best[1])
     assert optimal["train_micro_batch_size_per_gpu"] == 4 and optimal["train_batch_size"] == 8
     assert optimal["autotuning"] == config["autotuning"]  # experiment keys gone again
+    assert "wall_clock_breakdown" not in optimal and "steps_per_print" not in optimal
     cmd = (results / "cmd_optimal.txt").read_text()
-    assert "ds_config_optimal.json" in cmd and "--print_every 4" in cmd  # arg_mappings
-    assert "--autotuning" not in cmd
+    assert "ds_config_optimal.json" in cmd and "--autotuning" not in cmd
     text = (results / "summary.txt").read_text()
     assert text.splitlines()[0].startswith("| tuning_space") and "| global" in text
-    # progress while running, then the table, then the run with the best config
+    # progress while running, then the table
     assert "[autotuning] profiling the model" in out.stdout
     assert "experiment 2" in out.stdout and "| global" in out.stdout
+
+
+TRAIN = """import argparse, torch, deepspeed
+p = argparse.ArgumentParser(); p.add_argument("--local_rank", type=int); p.add_argument("--mbs")
+deepspeed.add_config_arguments(p); a = p.parse_args()
+engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 1), config=a.deepspeed_config)
+for _ in range(4):
+    engine.backward(engine(torch.randn(engine.train_micro_batch_size_per_gpu(), 4)).sum())
+    engine.step()
+print(f"trained with micro-batch {engine.train_micro_batch_size_per_gpu()} (--mbs {a.mbs})")
+"""
+
+
+@pytest.mark.timeout(600)
+def test_run_mode_trains_with_the_best_config(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    config = {"train_micro_batch_size_per_gpu": [2, 4], "zero_optimization": {"stage": 0},
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              "autotuning": {"enabled": True, "start_profile_step": 1, "end_profile_step": 2,
+                             "model_info": {"num_params": 5},
+                             "arg_mappings": {"train_micro_batch_size_per_gpu ": "--mbs"}}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    out = _deepspeed(["--autotuning", "run", "--num_gpus", "1", "train.py", "--mbs", "1",
+                      "--deepspeed_config", "ds.json"], tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    best = json.loads((tmp_path / "autotuning_results" / "summary.json").read_text())["best"]
+    mbs = best["micro_batch"]
+    assert f"--mbs {mbs}" in (tmp_path / "autotuning_results" / "cmd_optimal.txt").read_text()
     assert "[autotuning] run: training with" in out.stdout
-    assert "demo summary" in out.stdout and "optimizer steps   : 3 x 8 samples" in out.stdout
+    assert f"trained with micro-batch {mbs} (--mbs {mbs})" in out.stdout  # arg_mappings too
 
 
 FAILING = "import sys\nprint('this script always fails', flush=True)\nsys.exit(3)\n"
