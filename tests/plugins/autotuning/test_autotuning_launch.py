@@ -42,7 +42,8 @@ def test_tune_on_the_demo_gpt(tmp_path):
     for name in names:  # measured by the engine's timers over the profile window
         metrics = next(r["metrics"] for r in summary["experiments"] if r["name"] == name)
         assert metrics["measured_steps"] == 1 and metrics["train_batch_size"] == 8
-        assert metrics["latency"] == pytest.approx(sum(metrics["phases_ms"].values()))
+        # the slowest rank's forward + backward + step; rank 0's phases are one of them
+        assert metrics["latency"] >= sum(metrics["phases_ms"].values()) * (1 - 1e-9) > 0
     assert sorted(os.listdir(tmp_path / "autotuning_exps")) == \
         ["profile_model_info.json", "z0_gas1_tmbspg4.json", "z1_gas1_tmbspg4.json"]
     info = json.loads((results / "profile_model_info" / "model_info.json").read_text())
