@@ -69,7 +69,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine_class = DeepSpeedEngine if choice is None else choice.engine_class
     if mpu is None and choice is not None:
         mpu = choice.mpu
-    ds_config = DeepSpeedConfig(source, mpu, sections=catalog.sections)
+    ds_config = DeepSpeedConfig(source, mpu, sections=catalog.sections, catalog=catalog)
     wanted = ([owner] if owner else []) + catalog.wanted_by(model)
     plugins = catalog.enabled_manager(ds_config, also=wanted)
     engine = engine_class(model, ds_config, plugins, optimizer=optimizer,

@@ -5,13 +5,15 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - A plugin implements a hook by defining a function of the same name decorated with
   ``@deepspeed.hookimpl``. It may accept any *subset* of the arguments listed here, so new
   arguments can be added to a hook without breaking existing plugins.
-- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Six
+- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Eight
   exceptions are asked of every installed plugin because no engine exists when they are needed:
   ``deepspeed_config_sections`` (the config has to be validated before anyone knows which
   plugins it enables), ``deepspeed_engine_for_model`` / ``deepspeed_enable_for_model`` (a model
   may need a plugin, which the config cannot say), ``deepspeed_comms_logger`` (``deepspeed.comm.configure`` without an
   engine), ``deepspeed_init_inference`` (``deepspeed.init_inference`` builds no training
-  engine) and ``deepspeed_tp_model_init`` (``deepspeed.tp_model_init`` runs before one).
+  engine), ``deepspeed_tp_model_init`` (``deepspeed.tp_model_init`` runs before one),
+  ``deepspeed_batch_size`` (the batch keys are resolved while the config is built) and
+  ``deepspeed_launcher_command`` (the ``deepspeed`` command runs before any engine).
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
   Other hooks call every implementation; their return values are ignored unless documented.
@@ -75,6 +77,33 @@ def deepspeed_enable_for_model(model):
     the config says (``deepspeed.moe`` for a model holding MoE layers: their checkpoints and
     the features that must know expert groups). Asked of every installed plugin, like
     ``deepspeed_engine_for_model``, which it complements without claiming the engine class."""
+
+
+@hookspec(firstresult=True)
+def deepspeed_batch_size(config, world_size):
+    """Decide the batch triangle yourself (first result wins): elastic training fixes one
+    global batch size for many world sizes, so the config's own batch keys do not apply.
+
+    Asked of every *installed* plugin by ``DeepSpeedConfig`` (when built with a plugin catalog,
+    as ``deepspeed.initialize`` does), after the sections are validated and before the batch
+    keys are resolved, because the answer decides the config itself. ``config`` is the user's
+    config as a plain dict, ``world_size`` the data-parallel world size. Return
+    ``(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)`` or
+    None to let the core resolve the config's keys."""
+
+
+@hookspec(firstresult=True)
+def deepspeed_launcher_command(args, argv):
+    """Run the ``deepspeed`` command yourself for a launcher flag your plugin owns
+    (``--autotuning``, ``--elastic_training``), first result wins.
+
+    Asked of every *installed* plugin by the runner (``deepspeed.launcher.runner``) after the
+    flags are parsed and checked, and only when one of those flags is given, so the launcher
+    never imports a feature. ``args`` is the parsed ``argparse.Namespace``, ``argv`` the
+    command line as given (without the program name), which a plugin may re-run with changes
+    through ``deepspeed.launcher.runner.main`` or ``python -m deepspeed.launcher.runner``.
+    Return the exit status, or None when the flags are not yours; with no answer the runner
+    reports that no installed plugin provides the flag."""
 
 
 @hookspec(firstresult=True)

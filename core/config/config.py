@@ -101,9 +101,15 @@ class DeepSpeedConfig:
     validates the core keys alone)."""
 
     def __init__(self, config: Any, mpu=None, *, sections: Optional[Mapping[str, Any]] = None,
-                 world_size: Optional[int] = None):
+                 world_size: Optional[int] = None, catalog=None):
+        # ``catalog`` (a ``PluginCatalog``): its plugins may decide the batch sizes
+        # (``deepspeed_batch_size``: elastic training); without sections, the installed one
         if sections is None:
-            sections = installed_sections()
+            if catalog is None:
+                from deepspeed.plugin_manager import PluginCatalog
+
+                catalog = PluginCatalog()
+            sections = catalog.sections
         self.source: Optional[str] = describe_source(config)
         self.raw: Dict[str, Any] = load_config_source(config)
         if self.source is None and isinstance(config, str):
@@ -112,10 +118,13 @@ class DeepSpeedConfig:
         self.core, self._plugins = validate_config(load_config_source(self.raw),
                                                    self._section_types, self.source)
         self.world_size = resolve_world_size(world_size, mpu)
+        batch = (self.core.train_batch_size, self.core.train_micro_batch_size_per_gpu,
+                 self.core.gradient_accumulation_steps)
+        if catalog is not None:
+            batch = catalog.installed_hook.deepspeed_batch_size(
+                config=self.raw, world_size=self.world_size) or batch
         try:
-            resolved = resolve_batch_triangle(self.core.train_batch_size,
-                                              self.core.train_micro_batch_size_per_gpu,
-                                              self.core.gradient_accumulation_steps, self.world_size)
+            resolved = resolve_batch_triangle(*batch, self.world_size)
         except DeepSpeedConfigError as exc:
             raise DeepSpeedConfigError(exc.problems, source=self.source) from None
         (self.train_batch_size, self.train_micro_batch_size_per_gpu,

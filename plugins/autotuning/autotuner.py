@@ -1,0 +1,272 @@
+"""``deepspeed --autotuning tune|run``: profile the model, run the experiments, pick the best.
+
+1. Profiling run: the user's job at micro-batch 1 with ``autotuning.model_info.profile``; it
+   records parameters, activation memory per sample and the memory each rank has.
+2. Per ZeRO stage of the space: the micro-batch sizes memory allows (``num_tuning_micro_batch_
+   sizes`` of them, log-spaced up to the estimated maximum; user lists and fixed values kept),
+   run by the chosen tuner; an out-of-memory failure prunes the larger sizes of that stage. With
+   ``fast: false`` the stage's ZeRO knobs are then tuned at its best micro-batch size.
+3. The summary table per stage, ``ds_config_optimal.json`` and ``cmd_optimal.txt`` in
+   ``results_dir``; ``run`` then trains with the best config through the same launcher.
+"""
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import List, Optional
+
+from pydantic import ValidationError
+
+from deepspeed.autotuning import jobs, space as sp
+from deepspeed.autotuning.config import AutotuningConfig
+from deepspeed.autotuning.report import score, write_summary
+from deepspeed.autotuning.tuner import make_tuner
+from deepspeed.config.loader import load_config_source
+
+EXPERIMENT_KEYS = ("wall_clock_breakdown", "steps_per_print")
+
+
+class AutotuningError(RuntimeError):
+    """The search could not produce a configuration (every experiment failed, ...)."""
+
+
+def _progress(text):
+    print(f"[autotuning] {text}", flush=True)
+
+
+def _clock(start):
+    seconds = int(time.perf_counter() - start)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def dotted_get(config: dict, key: str):
+    value = config
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+class Autotuner:
+    def __init__(self, args, argv: List[str]):
+        self.mode = args.autotuning
+        self.command = jobs.split_command(args, argv)
+        self.user_config = load_config_source(self.command.config_path)
+        raw_section = self.user_config.get("autotuning") or {}
+        if not raw_section.get("enabled", False):
+            _progress("note: the config has no \"autotuning\": {\"enabled\": true}; tuning with "
+                      "the default autotuning settings")
+        try:
+            self.section = AutotuningConfig(**{**raw_section, "enabled": True})
+        except ValidationError as exc:
+            raise ValueError("; ".join(
+                f"autotuning.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"]
+                else f"autotuning: {e['msg']}" for e in exc.errors())) from None
+        self.space = sp.build_space(self.user_config, self.section,
+                                    source=self.command.config_path)
+        self.world = self._world_size(args)
+        if self.world % self.section.mp_size:
+            raise ValueError(f"autotuning.mp_size ({self.section.mp_size}) does not divide the "
+                             f"world size {self.world}")
+        self.dp_world = self.world // self.section.mp_size
+        self.results_dir = os.path.abspath(self.section.results_dir)
+        self.exps_dir = os.path.abspath(self.section.exps_dir)
+        self.experiments = []  # records of every experiment run (for the summary)
+        self.pruned = []
+        self.failures = []
+        self.oom = set()  # (stage, micro-batch) that ran out of memory
+        self.start = time.perf_counter()
+        self.count = 0
+
+    @staticmethod
+    def _world_size(args):
+        from deepspeed.launcher.runner import resolve_resources
+
+        probe = copy.copy(args)
+        _pool, active = resolve_resources(probe, dict(os.environ))
+        return sum(len(slots) for slots in active.values())
+
+    # -- one experiment -------------------------------------------------------------------------
+    def _autotuning_section(self, **extra):
+        section = self.section.model_dump(exclude_none=True, exclude={"model_info"})
+        section.update(extra)
+        return section
+
+    def _arg_values(self, config):
+        values = {}
+        for key, flag in (self.section.arg_mappings or {}).items():
+            value = dotted_get(config, key)
+            if value is not None:
+                values[flag] = value
+        return values
+
+    def _run(self, name, config, result_file):
+        exp_dir = os.path.join(self.results_dir, name)
+        os.makedirs(self.exps_dir, exist_ok=True)
+        with open(os.path.join(self.exps_dir, f"{name}.json"), "w", encoding="utf-8") as handle:
+            json.dump({"name": name, "num_gpus": self.world, "ds_config": config,
+                       "result_dir": exp_dir}, handle, indent=2)
+        return jobs.run_job(self.command, name, config, exp_dir, result_file,
+                            self._arg_values(config), self.section.overwrite)
+
+    def experiment_config(self, point):
+        section = self._autotuning_section(
+            metric_path=os.path.join(self.results_dir, point.name, "metrics.json"))
+        config = sp.experiment_config(self.user_config, point, self.dp_world, self.space, section)
+        config["wall_clock_breakdown"] = True  # the probe reads the engine's timers
+        config["steps_per_print"] = 10 ** 9
+        return config
+
+    def evaluate(self, point) -> Optional[float]:
+        config = self.experiment_config(point)
+        result = self._run(point.name, config, config["autotuning"]["metric_path"])
+        self.count += 1
+        record = {"name": point.name, "stage": point.stage, "micro_batch": point.micro_batch,
+                  "gas": point.gas, "knobs": dict(point.knobs), "log": result.log_path,
+                  "metric_value": None, "metrics": result.metrics}
+        if result.ok:
+            record["metric_value"] = result.metrics[self.section.metric]
+            text = f"{self.section.metric} {record['metric_value']:.4g}" + \
+                (" (reused)" if result.reused else "")
+        else:
+            record["error"] = result.error
+            self.failures.append(record)
+            if result.out_of_memory:
+                self.oom.add((point.stage, point.micro_batch))
+            text = f"FAILED ({result.error or f'exit code {result.returncode}'}); log: " \
+                   f"{result.log_path}"
+        self.experiments.append(record)
+        _progress(f"[{_clock(self.start)}] experiment {self.count} {point.name}: {text}")
+        return None if not result.ok else score(self.section.metric, result.metrics)
+
+    # -- the search -----------------------------------------------------------------------------
+    def profile(self) -> Optional[dict]:
+        path = self.section.model_info_path
+        if path and os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                return json.load(handle)
+        known = self.section.model_info
+        if known is not None and known.num_params:
+            return {"num_params": known.num_params, "activation_mem_per_sample": 0}
+        name = "profile_model_info"
+        info_path = os.path.join(self.results_dir, name, "model_info.json")
+        section = self._autotuning_section(model_info={"profile": True},
+                                           model_info_path=info_path,
+                                           start_profile_step=0, end_profile_step=1)
+        section.pop("metric_path", None)
+        _progress(f"profiling the model (parameters, activation memory) on {self.world} rank(s)")
+        # stage 0 sees the parameters whole (exact activation bytes); stage 3 is the fallback
+        # for a model whose states do not fit unpartitioned
+        for stage in (0, 3):
+            point = sp.Point(stage, self.section.min_train_micro_batch_size_per_gpu, 1)
+            config = sp.experiment_config(self.user_config, point, self.dp_world, self.space,
+                                          section)
+            result = self._run(name, config, info_path)
+            if result.ok:
+                break
+            _progress(f"profiling run at ZeRO stage {stage} failed ({result.error}); log: "
+                      f"{result.log_path}")
+        else:
+            _progress("tuning without memory pruning")
+            return None
+        info = result.metrics
+        _progress(f"model info: {info['num_params']:,} parameters, "
+                  f"{info['activation_mem_per_sample'] / 2**20:.2f} MiB activations per sample, "
+                  f"{info['memory_per_rank'] / 2**30:.1f} GiB memory per rank")
+        return info
+
+    def tune_stage(self, stage, model_info):
+        micro_batches, why = sp.micro_batches_for_stage(self.space, stage, self.section,
+                                                        model_info, self.dp_world,
+                                                        self.user_config)
+        if why:
+            self.pruned.append({"stage": stage, "reason": why})
+        if not micro_batches:
+            _progress(f"stage {stage}: pruned ({why or 'no feasible micro-batch size'})")
+            return None
+        points = sp.points_for_stage(self.space, stage, micro_batches, self.dp_world)
+        _progress(f"stage {stage}: micro-batch sizes {micro_batches}" + (f" ({why})" if why else ""))
+        tuner = make_tuner(self.section.tuner_type, points, self.section.tuner_num_trials,
+                           self.section.tuner_early_stopping)
+        too_big = lambda p: any(s == p.stage and m <= p.micro_batch for s, m in self.oom)  # noqa
+        results = tuner.tune(self.evaluate, skip=too_big)
+        done = [(p, s) for p, s in results if s is not None]
+        best = max(done, key=lambda item: item[1])[0] if done else None
+        knob_points = sp.knob_points(self.space, best) if best is not None else []
+        if knob_points:
+            _progress(f"stage {stage}: tuning ZeRO knobs at micro-batch {best.micro_batch}")
+            tuner = make_tuner(self.section.tuner_type, knob_points,
+                               self.section.tuner_num_trials, self.section.tuner_early_stopping)
+            tuner.tune(self.evaluate)
+        return best
+
+    def run_search(self):
+        for directory in (self.results_dir, self.exps_dir):
+            os.makedirs(directory, exist_ok=True)
+        _progress(f"mode {self.mode}: tuning ZeRO stages {self.space.stages} on {self.world} "
+                  f"rank(s), metric {self.section.metric}, tuner {self.section.tuner_type}; "
+                  f"results in {self.results_dir}")
+        model_info = self.profile()
+        for stage in self.space.stages:
+            self.tune_stage(stage, model_info)
+        measured = [r for r in self.experiments if r["metric_value"] is not None]
+        if not measured:
+            logs = "\n".join(f"  {r['name']}: {r.get('error') or 'failed'} (log: {r['log']})"
+                             for r in self.failures) or "  (no experiment was feasible)"
+            pruned = "; ".join(p["reason"] for p in self.pruned)
+            raise AutotuningError(f"every autotuning experiment failed, no configuration to "
+                                  f"choose:\n{logs}" + (f"\npruned: {pruned}" if pruned else ""))
+        best = max(measured, key=lambda r: score(self.section.metric, r["metrics"]))
+        return best
+
+    def write_best(self, best):
+        config = copy.deepcopy(self.experiment_config(
+            sp.Point(best["stage"], best["micro_batch"], best["gas"],
+                     tuple(sorted(best["knobs"].items())))))
+        for key in EXPERIMENT_KEYS:  # back to what the user wrote
+            if key in self.user_config:
+                config[key] = self.user_config[key]
+            else:
+                config.pop(key, None)
+        if "autotuning" in self.user_config:
+            config["autotuning"] = self.user_config["autotuning"]
+        else:
+            config.pop("autotuning")
+        path = os.path.join(self.results_dir, "ds_config_optimal.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=2)
+        script_args = self.command.with_config(path, self._arg_values(config))
+        with open(os.path.join(self.results_dir, "cmd_optimal.txt"), "w", encoding="utf-8") as h:
+            h.write(self.command.display(script_args) + "\n")
+        return path, script_args
+
+    def main(self):
+        if self.section.overwrite and os.path.isdir(self.results_dir):
+            shutil.rmtree(self.results_dir)
+        best = self.run_search()
+        elapsed = time.perf_counter() - self.start
+        text = write_summary(self.results_dir, self.section.metric, self.experiments,
+                             self.pruned, best, elapsed)
+        path, script_args = self.write_best(best)
+        print(text, flush=True)
+        _progress(f"tuning took {_clock(self.start)} over {len(self.experiments)} experiments; "
+                  f"best {best['name']} ({self.section.metric} {best['metric_value']:.4g}); "
+                  f"config: {path}")
+        if self.mode != "run":
+            return 0
+        _progress(f"run: training with {best['name']}: "
+                  f"{self.command.display(script_args)}")
+        return subprocess.run(self.command.runner_command(script_args), check=False).returncode
+
+
+def run_autotuning(args, argv):
+    """The launcher's entry for ``--autotuning``; returns the exit status."""
+    try:
+        return Autotuner(args, argv).main()
+    except (AutotuningError, sp.NothingToTuneError) as err:
+        print(f"deepspeed: autotuning error: {err}", file=sys.stderr, flush=True)
+        return 1
