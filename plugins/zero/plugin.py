@@ -213,10 +213,14 @@ class ZeroPlugin(DeepSpeedPlugin):
         device = _offload_device(zero_config)
         swapper = (_nvme_swapper_factory(engine, zero_config, self._aio_config(config))
                    if device is OffloadDeviceEnum.nvme else None)
-        return DeepSpeedZeroOptimizer(
-            optimizer, config=config, zero_config=zero_config, module=engine.module,
-            dp_group=engine.dp_group, nvme_swapper=swapper, timers=engine.timers,
-            offload_device="cpu" if device is not OffloadDeviceEnum.none else None)
+        kwargs = dict(config=config, zero_config=zero_config, module=engine.module,
+                      dp_group=engine.dp_group, nvme_swapper=swapper, timers=engine.timers,
+                      offload_device="cpu" if device is not OffloadDeviceEnum.none else None)
+        if zero_config.zenflow is not None:
+            from deepspeed.zero.zenflow.optimizer import ZenFlowZeroOptimizer
+
+            return ZenFlowZeroOptimizer(optimizer, zenflow=zero_config.zenflow, **kwargs)
+        return DeepSpeedZeroOptimizer(optimizer, **kwargs)
 
     @hookimpl
     def deepspeed_reduce_gradients(self, engine):
