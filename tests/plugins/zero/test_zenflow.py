@@ -3,7 +3,8 @@ ZeRO-Offload and the single-process AdamW reference of ``zero_models``."""
 import pytest
 import torch
 
-from zero_models import ds_config, make_model, param_groups, reference, train
+from zero_models import (ds_config, full_params, make_data, make_model, micro_batch,
+                         param_groups, reference)
 
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
 
@@ -13,17 +14,26 @@ def _zenflow_config(stage, **zenflow):
 
 
 def _run(config, steps):
-    """Parameters after each of ``steps`` steps (pending background work landed at the end)."""
+    """Parameters before the first and after each of ``steps`` steps, and once more after
+    pending background work landed."""
     import deepspeed
 
     model = make_model()
     engine, optimizer, _, _ = deepspeed.initialize(model=model,
                                                    model_parameters=param_groups(model),
                                                    config=config)
-    history = [train(engine, 1, 1, first_step=s) for s in range(steps)]
+    from deepspeed import comm as dist
+
+    x, y = make_data(steps, 1, dist.get_world_size())  # drawn once: see zero_models.make_data
+    history = [full_params(engine.module)]
+    for step in range(steps):
+        xb, yb = micro_batch(x, y, step, 0, dist.get_rank(), 1, dist.get_world_size())
+        engine.backward(torch.nn.functional.mse_loss(engine(xb), yb))
+        engine.step()
+        history.append(full_params(engine.module))
     if hasattr(optimizer, "flush"):
         optimizer.flush()
-    history.append(train(engine, 0, 1))
+    history.append(full_params(engine.module))
     kind = type(optimizer).__name__
     engine.destroy()
     return kind, history
