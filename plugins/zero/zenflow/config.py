@@ -37,7 +37,7 @@ class ZenFlowConfig(DeepSpeedConfigModel):
     topk_ratio: float = Field(0.1, ge=0.0, le=1.0, description="fraction of each weight's "
                               "gradient columns updated every step on the device")
     select_strategy: str = Field("auto", description='"auto", "step" or "epoch": the unit of '
-                                 "select_interval")
+                                 "select_interval", json_schema_extra={"accepts_auto": True})
     select_interval: Union[Literal["auto"], int] = Field(
         "auto", description="how often (in steps or epochs) the important columns are re-selected")
     update_interval: Union[Literal["auto"], int] = Field(

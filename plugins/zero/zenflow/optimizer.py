@@ -248,9 +248,12 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             self._write_host_result()
 
     def flush(self):
-        """Finish a background step and make the host masters and Adam state current (the
-        device's important elements included): before reading or saving optimizer state."""
-        self._land()
+        """Finish a background step (publishing its result to every rank) and make the host
+        masters and Adam state current, the device's important elements included: before
+        reading or saving optimizer state. A collective, like the step."""
+        if self.pending is not None:
+            self._land()
+            self._publish()
         self._sync_host()
 
     # ------------------------------------------------------------------ state access
@@ -275,5 +278,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         return super().get_local_hp_param(param, optim_state_key)
 
     def destroy(self):
-        self._land()
+        if self.pending is not None:
+            self.pending.join()  # not a collective: ranks may be torn down one by one
+            self.pending = None
         super().destroy()

@@ -165,3 +165,17 @@ def test_defaults_and_auto_values():
                              select_strategy="epoch", steps_per_epoch=10)
     assert tutorial.resolved_select_interval == 20
     assert ZenFlowConfig(update_interval=4, select_interval=1).resolved_select_interval == 4
+
+
+def test_tutorial_section_with_auto_values_validates():
+    from deepspeed.config import DeepSpeedConfig
+    from deepspeed.zero.config import DeepSpeedZeroConfig
+
+    tutorial = {"topk_ratio": 0.05, "select_strategy": "auto", "select_interval": "auto",
+                "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": True}
+    config = DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        "zenflow": tutorial}}, sections={"zero_optimization": DeepSpeedZeroConfig},
+        world_size=1)
+    zenflow = config.section("zero_optimization").zenflow
+    assert (zenflow.resolved_update_interval, zenflow.resolved_select_interval) == (4, 16)
