@@ -1,7 +1,7 @@
 """The ZenFlow tutorial on the demo GPT: ZeRO-Offload, then ZenFlow with the tutorial's settings,
 same initial weights and batches, on CPU or GPU.
 
-    deepspeed --num_gpus 2 examples/zenflow/train_zenflow.py [--steps 300] [--print_every 50]
+    deepspeed --num_gpus 2 examples/zenflow/train_zenflow.py [--steps 1500] [--print_every 50]
 
 The ZenFlow config is the tutorial's (stage 2, ``offload_optimizer`` on the CPU, ``topk_ratio``
 0.05, "auto" selection, ``update_interval`` 4, ``overlap_step`` on). Rank 0 prints both loss
@@ -75,7 +75,7 @@ def train(config, steps, model_config=MODEL, samples=4096, on_step=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local_rank", type=int, default=-1)
-    parser.add_argument("--steps", type=positive_int, default=300)
+    parser.add_argument("--steps", type=positive_int, default=1500)
     parser.add_argument("--window", type=positive_int, default=50,
                         help="final loss = mean of the last N steps (default 50)")
     parser.add_argument("--print_every", type=positive_int, default=50)
