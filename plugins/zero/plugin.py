@@ -239,6 +239,8 @@ class ZeroPlugin(DeepSpeedPlugin):
         optimizer = _zero_optimizer(engine)
         if optimizer is None:
             return None
+        if hasattr(optimizer, "flush"):  # ZenFlow: land a background CPU step before saving
+            optimizer.flush()
         save_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
                        model_parallel_rank(engine), engine.config.to_dict())
         return True
@@ -302,8 +304,12 @@ class ZeroPlugin(DeepSpeedPlugin):
         optimizer = _zero_optimizer(engine)
         if optimizer is None:
             return None
+        if hasattr(optimizer, "flush"):  # ZenFlow: no background step may write meanwhile
+            optimizer.flush()
         load_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
                        model_parallel_rank(engine),
                        elastic=bool(self._zero_config(engine.config).elastic_checkpoint),
                        saved_world=state.get("dp_world_size"))
+        if hasattr(optimizer, "state_loaded"):
+            optimizer.state_loaded()
         return True

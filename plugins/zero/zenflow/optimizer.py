@@ -33,6 +33,7 @@ from deepspeed.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from deepspeed.zero.zenflow.selection import important_positions
 
 ADAM_STATE = ("exp_avg", "exp_avg_sq")
+STEPS_KEY = "zenflow_steps"  # optimizer steps taken, kept in the host state for checkpoints
 
 
 def check_zenflow_setup(optimizer, offload_device, nvme):
@@ -255,6 +256,21 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             self._land()
             self._publish()
         self._sync_host()
+        for chunk in self.all_chunks:  # a scalar, so ZeRO's checkpoints carry it
+            self._host_state(chunk)[STEPS_KEY] = self.steps
+
+    def state_loaded(self):
+        """After host masters and state were replaced (a checkpoint): forget the selection and
+        the accumulated gradient, and resume the step count the checkpoint carries (the device
+        Adam's bias correction and the warm-up depend on it)."""
+        self.selected = None  # re-selected, and re-seeded from the loaded state, next step
+        for acc in self.accumulated:
+            acc.zero_()
+        self.accumulated_steps = 0
+        saved = [self.optimizer.state.get(c, {}).get(STEPS_KEY) for c in self.all_chunks]
+        saved = [int(s) for s in saved if s is not None]
+        if saved:
+            self.steps = max(saved)
 
     # ------------------------------------------------------------------ state access
     def state_dict(self):
@@ -262,12 +278,9 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         return super().state_dict()
 
     def load_state_dict(self, state_dict, load_from_fp32_weights=None):
-        self._land()
+        self.flush()
         super().load_state_dict(state_dict, load_from_fp32_weights)
-        self.selected = None  # re-selected, and re-seeded from the loaded state, next step
-        for acc in self.accumulated:
-            acc.zero_()
-        self.accumulated_steps = 0
+        self.state_loaded()
 
     def get_full_hp_param(self, param, optim_state_key=None):
         self.flush()

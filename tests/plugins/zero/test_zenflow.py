@@ -179,3 +179,55 @@ def test_tutorial_section_with_auto_values_validates():
         world_size=1)
     zenflow = config.section("zero_optimization").zenflow
     assert (zenflow.resolved_update_interval, zenflow.resolved_select_interval) == (4, 16)
+
+
+def _save_and_resume(path):
+    import deepspeed
+    from deepspeed import comm as dist
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    def build():
+        model = make_model()
+        config = _zenflow_config(2, topk_ratio=0.3, update_interval=2, select_interval=2,
+                                 overlap_step=True)
+        return deepspeed.initialize(model=model, model_parameters=param_groups(model),
+                                    config=config)[:2]
+
+    x, y = make_data(6, 1, dist.get_world_size())
+
+    def steps(engine, first, count):
+        for step in range(first, first + count):
+            xb, yb = micro_batch(x, y, step, 0, dist.get_rank(), 1, dist.get_world_size())
+            engine.backward(torch.nn.functional.mse_loss(engine(xb), yb))
+            engine.step()
+
+    engine, optimizer = build()
+    steps(engine, 0, 3)  # a background CPU step is in flight after step 3 (index 2)
+    engine.save_checkpoint(path, tag="t")
+    saved = {n: (safe_get_full_fp32_param(p), safe_get_full_optimizer_state(p, "exp_avg"))
+             for n, p in engine.module.named_parameters() if p.requires_grad}
+    model_after_save = full_params(engine.module)
+    engine.destroy()
+    engine, optimizer = build()
+    engine.load_checkpoint(path, tag="t")
+    loaded = {n: (safe_get_full_fp32_param(p), safe_get_full_optimizer_state(p, "exp_avg"))
+              for n, p in engine.module.named_parameters() if p.requires_grad}
+    model_after_load = full_params(engine.module)
+    assert optimizer.steps == 3  # the device Adam's step count resumes
+    steps(engine, 3, 3)
+    optimizer.flush()
+    finite = all(torch.isfinite(v).all() for v in full_params(engine.module).values())
+    engine.destroy()
+    return saved, loaded, model_after_save, model_after_load, finite
+
+
+def test_checkpoint_holds_the_flushed_state(dist_pool, tmp_path):
+    results = dist_pool.run(_save_and_resume, world_size=2, args=(str(tmp_path),), timeout=600)
+    for saved, loaded, model_saved, model_loaded, finite in results:
+        assert finite
+        for name, (master, moment) in saved.items():
+            torch.testing.assert_close(loaded[name][0], master, rtol=0, atol=0, msg=name)
+            torch.testing.assert_close(loaded[name][1], moment, rtol=0, atol=0, msg=name)
+            # the model's weights are the masters: the landed background step was published
+            torch.testing.assert_close(model_saved[name], master, rtol=0, atol=0, msg=name)
+            torch.testing.assert_close(model_loaded[name], master, rtol=0, atol=0, msg=name)
