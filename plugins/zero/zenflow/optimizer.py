@@ -93,7 +93,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         self.spare = [torch.zeros_like(g) for g in self.grad_partitions]  # the thread's buffer
         self.accumulated_steps = 0
         self.pending = None
-        self.host_steps = 0
+        self._covered = None  # parameter elements in this rank's partitions
         for chunk in self.all_chunks:
             self._host_state(chunk)
 
@@ -204,8 +204,12 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
                     adamw_mode=self.optimizer.adamw_mode)
 
     def _unimportant_count(self):
-        return sum(int(g.numel()) - int(s.numel()) for g, s in zip(self.grad_partitions,
-                                                                   self.selected))
+        """Parameter elements of this rank's partitions the device does not step (bucket
+        padding is no parameter's)."""
+        if self._covered is None:
+            self._covered = sum(self.fragment_of(p).length
+                                for params in self.partitioned_params for p in params)
+        return self._covered - sum(int(s.numel()) for s in self.selected)
 
     def _launch_host_step(self):
         self.accumulated, self.spare = self.spare, self.accumulated
