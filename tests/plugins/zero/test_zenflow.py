@@ -28,7 +28,8 @@ def _run(config, steps):
     history = [full_params(engine.module)]
     for step in range(steps):
         xb, yb = micro_batch(x, y, step, 0, dist.get_rank(), 1, dist.get_world_size())
-        engine.backward(torch.nn.functional.mse_loss(engine(xb), yb))
+        out = engine(xb.to(engine.module.a.weight.dtype)).float()  # bf16 runs: 16-bit inputs
+        engine.backward(torch.nn.functional.mse_loss(out, yb))
         engine.step()
         history.append(full_params(engine.module))
     if hasattr(optimizer, "flush"):
@@ -39,10 +40,18 @@ def _run(config, steps):
     return kind, history
 
 
-def _plain_and_zenflow(steps, zenflow):
-    from zero_models import ds_config as plain
+def _plain_and_zenflow(steps, zenflow, extra=None):
+    plain, zen = ds_config(2, 1, **OFFLOAD), _zenflow_config(2, **zenflow)
+    return (_run(dict(plain, **(extra or {})), steps), _run(dict(zen, **(extra or {})), steps))
 
-    return (_run(plain(2, 1, **OFFLOAD), steps), _run(_zenflow_config(2, **zenflow), steps))
+
+def test_bf16_full_ratio_equals_zero_offload(dist_pool):
+    zenflow = {"topk_ratio": 1.0, "update_interval": 1, "select_interval": 1}
+    results = dist_pool.run(_plain_and_zenflow, world_size=2,
+                            args=(3, zenflow, {"bf16": {"enabled": True}}), timeout=600)
+    for (_, plain), (_, zen) in results:
+        for name, want in plain[-1].items():  # the bf16 weights both round the same masters
+            torch.testing.assert_close(zen[-1][name], want, rtol=0, atol=1e-6, msg=name)
 
 
 def test_full_ratio_every_step_equals_zero_offload(dist_pool):
