@@ -76,6 +76,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
                             kwargs.get("nvme_swapper") is not None)
         super().__init__(optimizer, **kwargs)
         if any(comm[0] is not self.dp_group for comm in self.group_comms):
+            self.reducer.detach_hooks()
             raise NotImplementedError("zero_optimization.zenflow: param groups reduced over "
                                       "their own process group (MoE experts) are not supported")
         self.zenflow = zenflow

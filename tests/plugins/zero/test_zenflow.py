@@ -123,11 +123,13 @@ def test_overlap_step_lands_one_step_later_and_is_deterministic(dist_pool):
         torch.testing.assert_close(value, runs[1][0][-1][name], rtol=0, atol=0)
 
 
-def _refused(zero):
+def _refused(zero, optimizer=None):
     import deepspeed
 
     model = make_model()
     config = ds_config(2, 1, **zero)
+    if optimizer is not None:
+        config["optimizer"] = {"type": optimizer, "params": {"lr": 0.01}}
     try:
         deepspeed.initialize(model=model, model_parameters=param_groups(model), config=config)
     except ValueError as exc:
@@ -138,6 +140,13 @@ def _refused(zero):
 def test_refuses_zenflow_without_cpu_offload(dist_pool):
     message = dist_pool.run(_refused, world_size=1, args=({"zenflow": {}},))[0]
     assert message is not None and "offload_optimizer" in message and "cpu" in message
+
+
+def test_refuses_zenflow_with_a_non_adam_optimizer(dist_pool):
+    zero = dict(OFFLOAD, zenflow={})
+    message = dist_pool.run(_refused, world_size=1, args=(zero, "Adagrad"))[0]
+    assert message is not None and "zenflow" in message and "Adam" in message, message
+    assert "DeepSpeedCPUAdagrad" in message
 
 
 @pytest.mark.parametrize("zenflow, key, allowed", [
