@@ -140,6 +140,15 @@ def _nvme_swapper_factory(engine, zero_config, aio_config):
     return build
 
 
+def _zenflow_optimizer(zenflow):
+    """ZenFlow's optimizer (``deepspeed.zero.zenflow``), called like ``DeepSpeedZeroOptimizer``."""
+    from functools import partial
+
+    from deepspeed.zero.zenflow.optimizer import ZenFlowZeroOptimizer
+
+    return partial(ZenFlowZeroOptimizer, zenflow=zenflow)
+
+
 class ZeroPlugin(DeepSpeedPlugin):
     config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig}
     enabled_by = "zero_optimization.stage > 0"
@@ -209,18 +218,16 @@ class ZeroPlugin(DeepSpeedPlugin):
 
         config = engine.config
         zero_config = self._zero_config(config)
+        if zero_config.zenflow is not None:  # a ZeRO optimizer built the same way, plus ZenFlow
+            DeepSpeedZeroOptimizer = _zenflow_optimizer(zero_config.zenflow)  # noqa: N806
         check_optimizer(config, zero_config, optimizer)
         device = _offload_device(zero_config)
         swapper = (_nvme_swapper_factory(engine, zero_config, self._aio_config(config))
                    if device is OffloadDeviceEnum.nvme else None)
-        kwargs = dict(config=config, zero_config=zero_config, module=engine.module,
-                      dp_group=engine.dp_group, nvme_swapper=swapper, timers=engine.timers,
-                      offload_device="cpu" if device is not OffloadDeviceEnum.none else None)
-        if zero_config.zenflow is not None:
-            from deepspeed.zero.zenflow.optimizer import ZenFlowZeroOptimizer
-
-            return ZenFlowZeroOptimizer(optimizer, zenflow=zero_config.zenflow, **kwargs)
-        return DeepSpeedZeroOptimizer(optimizer, **kwargs)
+        return DeepSpeedZeroOptimizer(
+            optimizer, config=config, zero_config=zero_config, module=engine.module,
+            dp_group=engine.dp_group, nvme_swapper=swapper, timers=engine.timers,
+            offload_device="cpu" if device is not OffloadDeviceEnum.none else None)
 
     @hookimpl
     def deepspeed_reduce_gradients(self, engine):
