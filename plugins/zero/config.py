@@ -33,6 +33,7 @@ from deepspeed.utils.logging import logger
 from .aio_config import AioConfig
 from .offload_config import (DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
                              OffloadDeviceEnum)
+from .zenflow.config import ZenFlowConfig
 
 __all__ = ["ZeroStageEnum", "DeepSpeedZeroConfig", "from_legacy_bool"]
 
@@ -126,6 +127,7 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     memory_efficient_linear: bool = True
     pipeline_loading_checkpoint: bool = False
     override_module_apply: bool = True
+    zenflow: Optional[ZenFlowConfig] = Field(None, description="ZenFlow (deepspeed.zero.zenflow)")
 
     # keys that only tune how upstream's CUDA implementation copies or initialises, with nothing
     # to tune in this one: the core warns once, so nobody measures a difference that cannot be there

@@ -142,6 +142,15 @@ def _nvme_swapper_factory(engine, zero_config, aio_config):
     return build
 
 
+def _zenflow_optimizer(zenflow):
+    """ZenFlow's optimizer (``deepspeed.zero.zenflow``), called like ``DeepSpeedZeroOptimizer``."""
+    from functools import partial
+
+    from deepspeed.zero.zenflow.optimizer import ZenFlowZeroOptimizer
+
+    return partial(ZenFlowZeroOptimizer, zenflow=zenflow)
+
+
 class ZeroPlugin(DeepSpeedPlugin):
     config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig}
     enabled_by = "zero_optimization.stage > 0"
@@ -216,6 +225,8 @@ class ZeroPlugin(DeepSpeedPlugin):
 
         config = engine.config
         zero_config = self._zero_config(config)
+        if zero_config.zenflow is not None:  # a ZeRO optimizer built the same way, plus ZenFlow
+            DeepSpeedZeroOptimizer = _zenflow_optimizer(zero_config.zenflow)  # noqa: N806
         check_optimizer(config, zero_config, optimizer)
         device = _offload_device(zero_config)
         swapper = (_nvme_swapper_factory(engine, zero_config, self._aio_config(config))
@@ -252,6 +263,8 @@ class ZeroPlugin(DeepSpeedPlugin):
         optimizer = _zero_optimizer(engine)
         if optimizer is None:
             return None
+        if hasattr(optimizer, "flush"):  # ZenFlow: land a background CPU step before saving
+            optimizer.flush()
         save_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
                        model_parallel_rank(engine), engine.config.to_dict())
         return True
@@ -315,8 +328,12 @@ class ZeroPlugin(DeepSpeedPlugin):
         optimizer = _zero_optimizer(engine)
         if optimizer is None:
             return None
+        if hasattr(optimizer, "flush"):  # ZenFlow: no background step may write meanwhile
+            optimizer.flush()
         load_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
                        model_parallel_rank(engine),
                        elastic=bool(self._zero_config(engine.config).elastic_checkpoint),
                        saved_world=state.get("dp_world_size"))
+        if hasattr(optimizer, "state_loaded"):
+            optimizer.state_loaded()
         return True
