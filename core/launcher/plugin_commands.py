@@ -28,15 +28,16 @@ def check_plugin_flags(args):
                          f"--min_elastic_nodes ({args.min_elastic_nodes})")
 
 
-def run_plugin_command(args, argv):
-    """Let the plugin that owns the given flag run the command; returns the exit status."""
-    from deepspeed.launcher.runner import LauncherError
+def run_plugin_command(args, argv, error_type=RuntimeError):
+    """Let the plugin that owns the given flag run the command; returns its exit status, or
+    raises ``error_type`` (the runner's ``LauncherError``: passed in, since the runner imports
+    this module) naming the missing plugin."""
     from deepspeed.plugin_manager import PluginCatalog
 
     flag = "--autotuning" if args.autotuning else "--elastic_training"
     status = PluginCatalog().installed_hook.deepspeed_launcher_command(args=args, argv=argv)
     if status is None:
-        raise LauncherError(f"{flag} is provided by the plugin {PLUGIN_FLAGS[flag]}, which is "
-                            f"not installed (no installed plugin answers it); install it or drop "
-                            f"{flag}")
+        raise error_type(f"{flag} is provided by the plugin {PLUGIN_FLAGS[flag]}, which is "
+                         f"not installed (no installed plugin answers it); install it or drop "
+                         f"{flag}")
     return status

@@ -363,7 +363,8 @@ def _main(argv=None):
     if args.enable_each_rank_log:
         args.enable_each_rank_log = os.path.abspath(args.enable_each_rank_log)
     if args.autotuning or args.elastic_training:
-        return run_plugin_command(args, sys.argv[1:] if argv is None else list(argv))
+        return run_plugin_command(args, sys.argv[1:] if argv is None else list(argv),
+                                  error_type=LauncherError)
 
     env = dict(os.environ)
     pool, active = resolve_resources(args, env)
