@@ -70,16 +70,15 @@ def _check_offload_optimizer(config, zero_config, name):
 
 
 def _warn_unimplemented(zero_config):
-    """ZeRO++ and MiCS keys are accepted (configs carry them) but change nothing yet: say so
+    """ZeRO++ keys are accepted (configs carry them) but change nothing yet: say so
     instead of letting a user believe their weights are quantized or hierarchically sharded."""
     asked = [key for key, on in (
         ("zero_quantized_weights", zero_config.zero_quantized_weights),
         ("zero_quantized_nontrainable_weights", zero_config.zero_quantized_nontrainable_weights),
         ("zero_quantized_gradients", zero_config.zero_quantized_gradients),
-        ("zero_hpz_partition_size", zero_config.zero_hpz_partition_size > 1),
-        ("mics_shard_size", zero_config.mics_shard_size > 0)) if on]
+        ("zero_hpz_partition_size", zero_config.zero_hpz_partition_size > 1)) if on]
     if asked:
-        logger.warning(f"zero_optimization: {', '.join(asked)} (ZeRO++ / MiCS) are not "
+        logger.warning(f"zero_optimization: {', '.join(asked)} (ZeRO++) are not "
                        f"implemented in this build and have no effect; training uses plain ZeRO")
 
 
@@ -87,7 +86,8 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
     """Partition the engine's model (what ``zero.Init`` did not already), decide which
     parameters persist (they become whole at their first gather), and install the
     gather/release hooks."""
-    from deepspeed.zero.partition_parameters import (Partitioner, apply_persistence, is_zero_param,
+    from deepspeed.zero.mics import check_partitioned_consistently, make_partitioner
+    from deepspeed.zero.partition_parameters import (apply_persistence, is_zero_param,
                                                      partition_module)
     from deepspeed.zero.stage3 import ParameterCoordinator
 
@@ -102,9 +102,10 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
         store = NVMeShardStore(offload.nvme_path, dist.get_rank(), aio_kwargs=aio_kwargs,
                                buffer_count=offload.buffer_count, buffer_size=offload.buffer_size,
                                max_in_cpu=offload.max_in_cpu, pin_memory=bool(offload.pin_memory))
-    partitioner = Partitioner(engine.dp_group, remote_device=remote,
-                              pin_memory=bool(offload.pin_memory) if offload else False,
-                              shard_store=store)
+    partitioner = make_partitioner(engine.dp_group, zero_config, remote_device=remote,
+                                   pin_memory=bool(offload.pin_memory) if offload else False,
+                                   shard_store=store)
+    check_partitioned_consistently(engine.module.parameters(), partitioner)
     partition_module(engine.module, partitioner)
     for param in engine.module.parameters():
         if not is_zero_param(param):
@@ -161,6 +162,9 @@ class ZeroPlugin(DeepSpeedPlugin):
             raise ValueError("Amp and ZeRO are not currently compatible: remove the 'amp' "
                              "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
         self.coordinator = None
+        from deepspeed.zero.mics import check_mics_config
+
+        check_mics_config(self._zero_config(config))
         _warn_unimplemented(self._zero_config(config))
         if _stage(config) >= 3:
             self.coordinator = setup_stage3(engine, self._zero_config(config),
@@ -252,6 +256,7 @@ class ZeroPlugin(DeepSpeedPlugin):
         # 'latest' moves
         copy_zero_to_fp32(engine, save_dir)
         names = optimizer.param_names
+        state["zero_partition_count"] = optimizer.partition_count  # MiCS: < dp_world_size
         state["frozen_param_shapes"] = OrderedDict(
             (n, torch.Size(getattr(p, "ds_shape", p.shape)))
             for n, p in engine.module.named_parameters() if not p.requires_grad)
@@ -301,5 +306,6 @@ class ZeroPlugin(DeepSpeedPlugin):
         load_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
                        model_parallel_rank(engine),
                        elastic=bool(self._zero_config(engine.config).elastic_checkpoint),
-                       saved_world=state.get("dp_world_size"))
+                       saved_world=state.get("dp_world_size"),
+                       saved_partitions=state.get("zero_partition_count"))
         return True
