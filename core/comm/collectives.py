@@ -31,6 +31,12 @@ def _group_size(group):
     return dist.get_world_size(group) if dist.is_initialized() else 0
 
 
+def _group_ranks(group):
+    if not dist.is_initialized():
+        return None
+    return tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+
+
 def _timeout_error(exc, op, group):
     return timeout_error(exc, rank=_rank(), op=op, group_size=_group_size(group),
                          timeout=state.timeout_of(group))
@@ -83,7 +89,7 @@ def _call(op, launch, *, group=None, size=0, async_op=False, log_name=None, prof
         observers.emit(observers.CommRecord(
             op=op, log_name=log_name or op, size_bytes=size, latency_s=latency,
             group_size=group_size, rank=_rank(), algbw_gbps=algbw, busbw_gbps=busbw,
-            async_op=async_op, prof=bool(prof), caller=caller))
+            async_op=async_op, prof=bool(prof), caller=caller, group_ranks=_group_ranks(group)))
 
     if async_op and result is not None:
         return WorkHandle(result, lambda exc: _timeout_error(exc, op, group), on_complete=report)

@@ -72,6 +72,7 @@ class CommRecord:
     async_op: bool = False
     prof: bool = False  # the caller's `prof=True`: log this op even if comms_logger filters it out
     caller: Optional[str] = None  # the function that called deepspeed.comm (for comms_logger.debug)
+    group_ranks: Optional[tuple] = None  # global ranks of the group the op ran in (who talked)
 
 
 # --------------------------------------------------------------------------- observer registry
