@@ -124,15 +124,15 @@ def _gpt_losses(zero, steps=20):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
-              "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
               "zero_optimization": dict({"stage": 3, "stage3_param_persistence_threshold": 0},
                                         **zero)}
     engine, *_ = deepspeed.initialize(model=model, config=config)
-    data = MarkovTokens(samples=steps * 2 * dist.get_world_size(), seq_len=16)
     rank, world = dist.get_rank(), dist.get_world_size()
+    data = MarkovTokens(samples=2 * world, seq_len=16)
     losses = []
-    for step in range(steps):
-        index = step * 2 * world + rank * 2
+    for step in range(steps):  # one global batch, again and again: the loss must fall
+        index = rank * 2
         x, y = zip(*(data[index + i] for i in range(2)))
         loss = engine(torch.stack(x), torch.stack(y))
         engine.backward(loss)
@@ -152,7 +152,7 @@ def test_tiny_gpt_losses_follow_zero3_for_twenty_steps():
     """MiCS sums gradients in another order (shard group, then replicas) than ZeRO-3's one
     reduce-scatter, so the losses agree to float rounding, not bit for bit."""
     zero3, mics = run_distributed(_gpt_pair, world_size=4, timeout=240)[0]
-    assert len(mics) == 20 and mics[-1] < mics[0] - 0.3  # it learns
+    assert len(mics) == 20 and mics[-1] < mics[0] - 1.0  # it learns (memorises the batch)
     for a, b in zip(zero3, mics):
         assert abs(a - b) <= 1e-4 * abs(a), (zero3, mics)
 
