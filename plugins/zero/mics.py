@@ -239,9 +239,12 @@ def check_partitioned_consistently(params, partitioner):
     """Parameters partitioned before ``initialize`` (``zero.Init`` / ``MiCS_Init``) must live
     in the groups the config asks for, or gathers and reductions would not pair up."""
     want = _ranks(partitioner.group)
+    mics_here = isinstance(partitioner, MiCSPartitioner)
     for param in params:
         if not is_zero_param(param) or param.ds_partitioner is partitioner:
             continue
+        if not (mics_here or isinstance(param.ds_partitioner, MiCSPartitioner)):
+            continue  # plain ZeRO-3 handles parameters of several partitioners
         have = _ranks(param.ds_partitioner.group)
         if have != want:
             built = "deepspeed.zero.MiCS_Init" if have != _ranks(getattr(

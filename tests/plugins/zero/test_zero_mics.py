@@ -227,17 +227,26 @@ def test_mics_init_partitions_in_shard_groups_and_trains():
             torch.testing.assert_close(params[name], want[name], rtol=1e-5, atol=1e-6)
 
 
-def _init_mismatch():
+def _init_mismatch(built_by_mics_init):
     import deepspeed
 
+    if built_by_mics_init:  # shard size 2, and the engine's config asks for none
+        with deepspeed.zero.MiCS_Init(config_dict_or_path=ds_config(3, 1, mics_shard_size=2),
+                                      dtype=torch.float32):
+            model = make_model()
+        _engine(model=model)
     with deepspeed.zero.Init(config_dict_or_path=ds_config(3, 1), dtype=torch.float32):
         model = make_model()
     _engine(model=model, mics_shard_size=2)
 
 
-def test_a_model_built_by_plain_init_is_refused_under_mics():
-    with pytest.raises(Exception, match="MiCS_Init"):
-        run_distributed(_init_mismatch, world_size=4)
+@pytest.mark.parametrize("built_by_mics_init,message", [
+    (False, "partitioned by deepspeed.zero.Init over ranks \\[0, 1, 2, 3\\]"),
+    (True, "partitioned by deepspeed.zero.MiCS_Init over ranks"),
+])
+def test_a_model_partitioned_in_other_groups_is_refused(built_by_mics_init, message):
+    with pytest.raises(Exception, match=message):
+        run_distributed(_init_mismatch, world_size=4, args=(built_by_mics_init,))
 
 
 def test_mics_init_needs_a_config_with_a_shard_size():
@@ -286,13 +295,13 @@ def test_combinations_that_cannot_work_are_refused_at_initialize(zero, stage, me
         run_distributed(_refused, world_size=4, args=(zero, stage))
 
 
-def _bf16_pair():
+def _precision_pair(section):
     import deepspeed
 
     out = []
     for zero in ({}, {"mics_shard_size": 2}):
         model = make_model()
-        config = dict(ds_config(3, 1, **zero), bf16={"enabled": True})
+        config = dict(ds_config(3, 1, **zero), **section)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model),
                                           config=config)
         out.append(train(engine, 3, 1))
@@ -300,7 +309,13 @@ def _bf16_pair():
     return out
 
 
-def test_bf16_follows_zero3():
-    for zero3, mics in run_distributed(_bf16_pair, world_size=4):
+@pytest.mark.parametrize("section", [
+    {"bf16": {"enabled": True}},
+    {"fp16": {"enabled": True, "initial_scale_power": 8}},
+], ids=["bf16", "fp16"])
+def test_16_bit_training_follows_zero3(section):
+    """16-bit parameters: MiCS and ZeRO-3 round the same fp32 updates, summed in another
+    order, so they agree to the 16-bit rounding."""
+    for zero3, mics in run_distributed(_precision_pair, world_size=4, args=(section,)):
         for name in zero3:
             torch.testing.assert_close(mics[name], zero3[name], rtol=2e-2, atol=1e-2)
