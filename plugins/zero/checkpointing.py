@@ -66,7 +66,8 @@ def _read(checkpoint_dir, dp_rank, mp_rank):
     return load_file(path)["optimizer_state_dict"]
 
 
-def load_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, elastic, saved_world=None):
+def load_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, elastic, saved_world=None,
+                   saved_partitions=None):
     """Restore ``opt`` from the checkpoint's ZeRO files, re-cutting partitions when needed.
     ``saved_world`` (the model states' ``dp_world_size``) saves opening rank 0's file.
     With ``"checkpoint": {"load_universal": true}`` the folder is a universal checkpoint
@@ -83,21 +84,28 @@ def load_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, elastic, saved_world=N
             f"'{checkpoint_dir}' is a universal checkpoint (written by ds_to_universal); set "
             f"\"checkpoint\": {{\"load_universal\": true}} in the config to load it")
     if saved_world is None:
-        saved_world = int(_read(checkpoint_dir, 0, mp_rank)["partition_count"])
+        first = _read(checkpoint_dir, 0, mp_rank)
+        saved_partitions = int(first["partition_count"])
+        saved_world = saved_partitions * int(first.get("partition_replicas", 1))
+    # MiCS saves fewer partitions than ranks (replicas hold the same one): a change of
+    # mics_shard_size alone re-cuts them like a change of world size would
+    saved_partitions = int(saved_partitions or saved_world)
     if saved_world != opt.world_size and not elastic:
         raise ZeroCheckpointError(
             f"the ZeRO checkpoint in '{checkpoint_dir}' was saved with {saved_world} "
             f"data-parallel ranks and this run has {opt.world_size}; set "
             f"\"zero_optimization\": {{\"elastic_checkpoint\": true}} to re-partition it")
     my_layout = layout_math.describe(opt.layouts, opt.param_names)
-    if saved_world == opt.world_size:
+    if saved_world == opt.world_size and saved_partitions == opt.partition_count:
         mine = _read(checkpoint_dir, dp_rank, mp_rank)
         if mine["layout"] == my_layout:
             load_partition_state_dict(opt, mine)
             return
     check_recut(opt, checkpoint_dir)
-    files = [_read(checkpoint_dir, r, mp_rank) for r in range(saved_world)]
-    load_partition_state_dict(opt, reshape(files, my_layout, opt.world_size, opt.rank))
+    # ranks 0..partitions-1 hold one partition each (MiCS: the first shard group)
+    files = [_read(checkpoint_dir, r, mp_rank) for r in range(saved_partitions)]
+    load_partition_state_dict(opt, reshape(files, my_layout, opt.partition_count,
+                                           opt.partition_rank))
 
 
 

@@ -13,7 +13,9 @@ works as stage 2 over ``ShardRun``s: runs of whole sharded parameters, one colle
 Each received piece is averaged (``gradient_averaging``) and *added* to the rank's fp32 gradient
 partition, so micro-batches accumulate there. A param group partitioned over its own process
 group (``deepspeed.hooks.GRADIENT_GROUP``: experts over their expert-data-parallel group) is
-reduce-scattered over that group, still divided by the data-parallel world size.
+reduce-scattered over that group, still divided by the data-parallel world size. Under MiCS
+(``deepspeed.zero.mics``) the group is a shard group and each received piece is then all-reduced
+over the replica group, so it sums every data-parallel rank's gradient.
 """
 from collections import deque
 
@@ -36,7 +38,7 @@ class UnusedParameterError(RuntimeError):
 class GradientReducer:
 
     def __init__(self, buckets, grad_partitions, *, config, zero_config, group, rank, world_size,
-                 param_names, after_grad_taken=None, group_comms=None):
+                 param_names, after_grad_taken=None, group_comms=None, replica_group=None):
         # units of reduction, in launch order: stage 1/2 ``Bucket``s, ZeRO-3 ``ShardRun``s;
         # each places a gradient into its send buffer and owns one piece of a partition
         self.buckets = buckets
@@ -48,6 +50,8 @@ class GradientReducer:
         # per optimizer param group: (process group, this rank in it) its buckets reduce over
         # (experts: their expert-data-parallel group); default the data-parallel group
         self.group_comms = group_comms
+        # MiCS: the ranks holding the same partition; each reduced piece is summed over them
+        self.replica_group = replica_group
         self.overlap = bool(zero_config.overlap_comm)
         self.use_reduce_scatter = bool(zero_config.reduce_scatter)
         self.ignore_unused = bool(zero_config.ignore_unused_parameters)
@@ -203,6 +207,8 @@ class GradientReducer:
         work, received, bucket, _send_buffer = entry  # the buffer must live until the wait
         if work is not None and hasattr(work, "wait"):
             work.wait()
+        if self.replica_group is not None:
+            dist.all_reduce(received, group=self.replica_group)
         scale_after_reduce(received, self.config, self.world_size)
         target = self._target(bucket)
         if received.data_ptr() != target.data_ptr():

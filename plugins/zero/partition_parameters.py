@@ -30,6 +30,7 @@ from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.hooks import PARAM_STATE_ACCESS
 from deepspeed.utils.transient_buffers import transient_empty
+from deepspeed.zero.shard_comm import start_rank_major_gather
 from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
 
 
@@ -51,7 +52,15 @@ def _placeholder(param, device=None):
 
 
 class Partitioner:
-    """Shards, gathers and releases parameters over one data-parallel group."""
+    """Shards, gathers and releases parameters over one data-parallel group.
+
+    The seam for algorithms that shard over a smaller group (MiCS, ``deepspeed.zero.mics``):
+    ``group`` is the group a parameter's shards live in (gathers run over it, gradients are
+    reduce-scattered over it); ``replica_group``, when set, holds the ranks keeping identical
+    copies of this rank's shard (reduced gradients are all-reduced over it);
+    ``all_gather_into`` is the gather's transport."""
+
+    replica_group = None  # plain ZeRO-3: one shard per data-parallel rank, no replicas
 
     def __init__(self, group=None, remote_device=None, pin_memory=False, shard_store=None):
         self.group = group
@@ -108,6 +117,11 @@ class Partitioner:
         """Done with ``param.ds_tensor`` for now: an NVMe-offloaded shard goes back to disk."""
         if self.shard_store is not None:
             self.shard_store.settle(param)
+
+    def all_gather_into(self, output, send, async_op=False):
+        """Rank-major all-gather of every rank's ``send`` into ``output`` over ``group``;
+        returns the work (None when already complete)."""
+        return dist.all_gather_into_tensor(output, send, group=self.group, async_op=async_op)
 
     def _place(self, shard):
         if self.remote_device in ("cpu", "nvme"):
@@ -189,20 +203,13 @@ class Partitioner:
 
 
 def _all_gather_shards(partitioner, params, dtype, device, async_op=False):
-    """Start one ``all_gather_into_tensor`` of the shards of ``params``: every rank sends the
-    concatenation of its shards, so the output is rank-major (rank ``r``'s block holds piece
-    ``r`` of each parameter in turn). Returns (send buffer, output, work, shard sizes); the
-    send buffer must live until the work completes."""
-    shards = [partitioner.fetch(p) for p in params]
-    sizes = [s.numel() for s in shards]
-    # always a copy: with one rank the output is the send buffer, which must not be a shard
-    send = transient_empty(sum(sizes), dtype, device)
-    torch.cat([s.to(device=device, non_blocking=True) for s in shards], out=send)
-    if partitioner.world_size == 1:
-        return send, send, None, sizes
-    output = transient_empty(send.numel() * partitioner.world_size, dtype, device)
-    work = dist.all_gather_into_tensor(output, send, group=partitioner.group, async_op=async_op)
-    return send, output, work, sizes
+    """Start one all-gather of the shards of ``params`` over the partitioner's group: every
+    rank sends the concatenation of its shards, so the output is rank-major (rank ``r``'s block
+    holds piece ``r`` of each parameter in turn). Returns (send buffer, output, work, shard
+    sizes); the send buffer must live until the work completes."""
+    return start_rank_major_gather(
+        [partitioner.fetch(p) for p in params], partitioner.world_size, dtype, device,
+        lambda output, send: partitioner.all_gather_into(output, send, async_op=async_op))
 
 
 def _columns(output, world, sizes):
@@ -454,10 +461,14 @@ class Init:
         store = None
         if remote_device == "nvme":
             store = _nvme_store(zero, pin_memory)
-        self.partitioner = Partitioner(group, remote_device=remote_device, pin_memory=pin_memory,
-                                       shard_store=store)
+        self.partitioner = self._make_partitioner(group, remote_device=remote_device,
+                                                  pin_memory=pin_memory, shard_store=store)
         if module is not None:  # upstream also accepts an already-built module
             partition_module(module, self.partitioner, self.dtype)
+
+    def _make_partitioner(self, group, **kwargs):
+        """The partitioner every module built inside shards over (``MiCS_Init``: its own)."""
+        return Partitioner(group, **kwargs)
 
     def __enter__(self):
         if self.enabled:

@@ -49,7 +49,8 @@ def partition_state_dict(opt):
     return {
         "frozen_shards": _frozen_shards(opt),
         "zero_stage": opt.stage,
-        "partition_count": opt.world_size,
+        "partition_count": opt.partition_count,  # MiCS: the shard size, not the dp size
+        "partition_replicas": opt.world_size // opt.partition_count,
         "layout": layout_math.describe(opt.layouts, opt.param_names),
         "single_partition_of_fp32_groups": fp32,
         "optimizer_state": states,
@@ -83,7 +84,7 @@ def _restore_frozen(opt, saved):
         for name, full in (saved.get("frozen_full") or {}).items():
             if name in params:
                 params[name].ds_partitioner.load_full(params[name], full)
-        if saved.get("partition_count") == opt.world_size:
+        if saved.get("partition_count") == opt.partition_count:
             for name, shard in (saved.get("frozen_shards") or {}).items():
                 if name in params:
                     param = params[name]
@@ -140,7 +141,7 @@ def load_partition_state_dict(opt, saved, load_from_fp32_weights=None):
 def check_recut(opt, what):
     """Re-cutting assumes every param group is partitioned over the data-parallel group."""
     own = [index for index, comm in enumerate(getattr(opt, "group_comms", ()))
-           if comm[0] is not opt.dp_group]
+           if comm[0] is not opt.partition_group]
     if own:
         raise ZeroCheckpointError(
             f"cannot re-partition '{what}' for this run: optimizer param groups {own} are "

@@ -69,21 +69,12 @@ def _check_offload_optimizer(config, zero_config, name):
                 f"\"zero_force_ds_cpu_optimizer\": false to use {name} anyway")
 
 
-def _warn_unimplemented(zero_config):
-    """MiCS keys are accepted (configs carry them) but change nothing yet: say so instead of
-    letting a user believe their weights are sharded in groups (ZeRO++: ``zeropp/``)."""
-    asked = [key for key, on in (
-        ("mics_shard_size", zero_config.mics_shard_size > 0),) if on]
-    if asked:
-        logger.warning(f"zero_optimization: {', '.join(asked)} (MiCS) are not "
-                       f"implemented in this build and have no effect; training uses plain ZeRO")
-
-
 def setup_stage3(engine, zero_config, aio_kwargs=None):
     """Partition the engine's model (what ``zero.Init`` did not already), decide which
     parameters persist (they become whole at their first gather), and install the
     gather/release hooks."""
-    from deepspeed.zero.partition_parameters import (Partitioner, apply_persistence, is_zero_param,
+    from deepspeed.zero.mics import check_partitioned_consistently, make_partitioner
+    from deepspeed.zero.partition_parameters import (apply_persistence, is_zero_param,
                                                      partition_module)
     from deepspeed.zero.stage3 import ParameterCoordinator
 
@@ -98,9 +89,10 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
         store = NVMeShardStore(offload.nvme_path, dist.get_rank(), aio_kwargs=aio_kwargs,
                                buffer_count=offload.buffer_count, buffer_size=offload.buffer_size,
                                max_in_cpu=offload.max_in_cpu, pin_memory=bool(offload.pin_memory))
-    partitioner = Partitioner(engine.dp_group, remote_device=remote,
-                              pin_memory=bool(offload.pin_memory) if offload else False,
-                              shard_store=store)
+    partitioner = make_partitioner(engine.dp_group, zero_config, remote_device=remote,
+                                   pin_memory=bool(offload.pin_memory) if offload else False,
+                                   shard_store=store)
+    check_partitioned_consistently(engine.module.parameters(), partitioner)
     partition_module(engine.module, partitioner)
     for param in engine.module.parameters():
         if not is_zero_param(param):
@@ -173,7 +165,9 @@ class ZeroPlugin(DeepSpeedPlugin):
                              "section (use \"fp16\" or \"bf16\") or set zero_optimization.stage 0")
         self.coordinator = None
         self.shard_comm = None  # ZeRO++ (shard_comm seam), set up with the ZeRO-3 partitions
-        _warn_unimplemented(self._zero_config(config))
+        from deepspeed.zero.mics import check_mics_config
+
+        check_mics_config(self._zero_config(config))
         from deepspeed.zero.zeropp.setup import check_zeropp
 
         check_zeropp(self._zero_config(config), engine.dp_world_size)
@@ -282,6 +276,7 @@ class ZeroPlugin(DeepSpeedPlugin):
         # 'latest' moves
         copy_zero_to_fp32(engine, save_dir)
         names = optimizer.param_names
+        state["zero_partition_count"] = optimizer.partition_count  # MiCS: < dp_world_size
         state["frozen_param_shapes"] = OrderedDict(
             (n, torch.Size(getattr(p, "ds_shape", p.shape)))
             for n, p in engine.module.named_parameters() if not p.requires_grad)
@@ -333,7 +328,8 @@ class ZeroPlugin(DeepSpeedPlugin):
         load_rank_file(optimizer, checkpoint_dir, data_parallel_rank(engine),
                        model_parallel_rank(engine),
                        elastic=bool(self._zero_config(engine.config).elastic_checkpoint),
-                       saved_world=state.get("dp_world_size"))
+                       saved_world=state.get("dp_world_size"),
+                       saved_partitions=state.get("zero_partition_count"))
         if hasattr(optimizer, "state_loaded"):
             optimizer.state_loaded()
         return True

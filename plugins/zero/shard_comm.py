@@ -20,6 +20,21 @@ where it used ``deepspeed.comm.reduce_scatter_tensor``; a ``ShardComm`` installs
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.utils.transient_buffers import transient_empty
+
+
+def start_rank_major_gather(shards, world_size, dtype, device, launch):
+    """Copy ``shards`` back to back into a send buffer and ``launch(output, send)`` the
+    collective that fills the rank-major ``output`` (world_size blocks of that size). Returns
+    (send buffer, output, work, shard sizes); the send buffer must live until the work is done.
+    With one rank the output *is* the send buffer: always a copy, never a shard itself."""
+    sizes = [s.numel() for s in shards]
+    send = transient_empty(sum(sizes), dtype, device)
+    torch.cat([s.to(device=device, dtype=dtype, non_blocking=True) for s in shards], out=send)
+    if world_size == 1:
+        return send, send, None, sizes
+    output = transient_empty(send.numel() * world_size, dtype, device)
+    return send, output, launch(output, send), sizes
 
 
 def plain_reduce_scatter(output, input, group, async_op):
@@ -47,15 +62,9 @@ class Route:
         return partitioner.fetch(param) if self._shard is None else self._shard(param)
 
     def start(self, partitioner, params, dtype, device, async_op):
-        shards = [self.shard(partitioner, p) for p in params]
-        sizes = [s.numel() for s in shards]
-        send = torch.empty(sum(sizes), dtype=dtype, device=device)
-        torch.cat([s.to(device=device, dtype=dtype, non_blocking=True) for s in shards], out=send)
-        if self.world_size == 1:
-            return send, send, None, sizes
-        output = torch.empty(send.numel() * self.world_size, dtype=dtype, device=device)
-        work = self.transport(output, send, self.group, async_op)
-        return send, output, work, sizes
+        return start_rank_major_gather(
+            [self.shard(partitioner, p) for p in params], self.world_size, dtype, device,
+            lambda output, send: self.transport(output, send, self.group, async_op))
 
     def gathered(self, params):
         if self.on_gathered is not None:

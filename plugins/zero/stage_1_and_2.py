@@ -41,6 +41,17 @@ from deepspeed.zero.gradient_reduction import GradientReducer
 from deepspeed.zero.partition import build_layout, build_shard_layout, shard_runs
 
 
+def _partitioning_of(module, dp_group, rank, world_size):
+    """(group, rank in it, its size, replica group) of the partitioner sharding ``module``'s
+    ZeRO-3 parameters (``Partitioner``'s seam; one for the whole model)."""
+    partitioner = next((p.ds_partitioner for p in module.parameters()
+                        if hasattr(p, "ds_partitioner")), None)
+    if partitioner is None or partitioner.replica_group is None:
+        return dp_group, rank, world_size, None
+    return (partitioner.group, partitioner.rank, partitioner.world_size,
+            partitioner.replica_group)
+
+
 class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
     """Wraps the basic optimizer (built over the model's parameters) so that it steps this
     rank's fp32 partitions instead."""
@@ -56,6 +67,11 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         self.dp_group = dp_group
         self.world_size = dist.get_world_size(group=dp_group)
         self.rank = dist.get_rank(group=dp_group)
+        # the group ZeRO-3's parameters are sharded in (MiCS: a shard group, whose shards are
+        # replicated across ``replica_group``); stages 1/2 and plain ZeRO-3: the dp group
+        self.partition_group, self.partition_rank, self.partition_count, self.replica_group = \
+            _partitioning_of(module, dp_group, self.rank, self.world_size) if self.stage >= 3 \
+            else (dp_group, self.rank, self.world_size, None)
         self.loss_scaler = loss_scaler_from_config(config) if config.fp16_enabled else None
         self.overflow = False
         self.param_names = {id(p): n for n, p in module.named_parameters()}
@@ -72,7 +88,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         # parameters declare deepspeed.hooks.GRADIENT_GROUP (experts) is partitioned over it
         self.group_comms = self._group_comms(groups, optimizer.param_groups)
         if self.stage >= 3:  # parameters are already sharded: one bucket per parameter
-            self.layouts = build_shard_layout(groups, self.world_size, self.rank)
+            self.layouts = build_shard_layout(groups, self.partition_count, self.partition_rank)
         else:
             self.layouts = build_layout(groups, [c[2] for c in self.group_comms],
                                         zero_config.reduce_bucket_size)
@@ -118,7 +134,8 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                                        zero_config=zero_config, group=dp_group, rank=self.rank,
                                        world_size=self.world_size, param_names=self.param_names,
                                        after_grad_taken=release,
-                                       group_comms=[c[:2] for c in self.group_comms])
+                                       group_comms=[c[:2] for c in self.group_comms],
+                                       replica_group=self.replica_group)
         if self.stage >= 2:
             self.reducer.attach_hooks()
         self._refreshers = None  # ZeRO-3: per partitioner, the in-place refresh of persistent
@@ -134,7 +151,10 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         partitions' squares count each distinct gradient once: 1 for the data-parallel group
         and for parameters whose copies differ between groups (``GRADIENT_NORM_GROUP``),
         ``|group| / dp world size`` for identical copies."""
-        default = (self.dp_group, self.rank, self.world_size, 1.0)
+        # MiCS: each gradient element sits on dp size / shard size replicas of its partition
+        default = (self.partition_group, self.partition_rank, self.partition_count,
+                   1.0 if self.partition_count == self.world_size
+                   else self.partition_count / self.world_size)
         out = []
         for index, params in enumerate(groups):
             declared = {id(getattr(p, GRADIENT_GROUP, None)): p for p in params}

@@ -79,7 +79,7 @@ def universal_partition_state_dict(opt, checkpoint_dir):
                                       f"checkpoint '{checkpoint_dir}'")
         frozen[name] = load_param_state(checkpoint_dir, name, FP32_KEY, mmap=False)
     return {
-        "zero_stage": opt.stage, "partition_count": opt.world_size, "layout": described,
+        "zero_stage": opt.stage, "partition_count": opt.partition_count, "layout": described,
         "single_partition_of_fp32_groups": fp32, "optimizer_state": states,
         "optimizer_scalars": info["optimizer_scalars"], "param_groups": info["param_groups"],
         "frozen_shards": None, "frozen_full": frozen, "loss_scaler": info.get("loss_scaler"),

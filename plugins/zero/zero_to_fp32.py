@@ -138,6 +138,10 @@ class _ZeroCheckpoint:
                              f"it was not written by this DeepSpeed's ZeRO optimizer")
         self.stage = int(first.get("zero_stage", 0))
         self.world = int(first["partition_count"])
+        # MiCS: every shard group wrote the same partitions; the first group's files suffice
+        replicas = int(first.get("partition_replicas", 1))
+        if len(self.optim_paths) == self.world * replicas:
+            self.optim_paths = self.optim_paths[:self.world]
         if len(self.optim_paths) != self.world:
             raise ValueError(f"'{self.dir}' holds {len(self.optim_paths)} ZeRO optimizer files "
                              f"but the checkpoint was saved with partition_count={self.world}; "

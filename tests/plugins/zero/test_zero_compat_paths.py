@@ -32,6 +32,12 @@ PATHS = [
      "deepspeed.zero.stage3"),
     ("deepspeed.zero", "Init", "deepspeed.zero.partition_parameters"),
     ("deepspeed.zero", "GatheredParameters", "deepspeed.zero.gathered_parameters"),
+    ("deepspeed.zero", "MiCS_Init", "deepspeed.zero.mics"),
+    ("deepspeed.runtime.zero.mics", "MiCS_Init", "deepspeed.zero.mics"),
+    ("deepspeed.zero", "TiledLinear", "deepspeed.zero.tiling"),
+    ("deepspeed.zero", "TiledLinearReturnBias", "deepspeed.zero.tiling"),
+    ("deepspeed.runtime.zero.tiling", "TiledLinear", "deepspeed.zero.tiling"),
+    ("deepspeed.runtime.zero.tiling", "TiledLinearReturnBias", "deepspeed.zero.tiling"),
 ]
 
 
