@@ -93,3 +93,10 @@ if mode != "ddp":
                         os.path.join(resumed, "checkpoint-4"))
     torch.distributed.barrier()
     train(resumed, seed=1, resume=True)
+
+if mode == "ddp" and torch.distributed.is_initialized():
+    # plain torch leaves its gloo group to interpreter exit, where gloo's worker threads can
+    # abort the process (SIGABRT, seen in a suite run); deepspeed.comm settles its groups at
+    # exit itself, a plain-DDP reference has to do it by hand
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
