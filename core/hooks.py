@@ -1,5 +1,8 @@
 """The hook contract between the core engine and feature plugins: every hook, in one file.
 
+(Over 600 lines on purpose: ARCHITECTURE.md makes this the single file a plugin author reads;
+splitting it would split the contract.)
+
 Read this file to know everything a plugin can do. Conventions, as in pytest's hookspec.py:
 
 - A plugin implements a hook by defining a function of the same name decorated with

@@ -18,6 +18,9 @@ points each ``.data`` at its full buffer; ``release`` drops the buffer again. Bo
 ``Init`` (``deepspeed.zero.Init``) partitions every module's parameters as soon as that
 module's ``__init__`` returns, so a model larger than one process's memory can be built:
 at most one module is whole at a time, and rank 0's initial values are what every rank keeps.
+
+(Just over 600 lines: partition, gather, release and ``Init``'s constructor patches share the
+parameter attributes above; ``Init`` is the piece to move out when this grows again.)
 """
 import functools
 import itertools
