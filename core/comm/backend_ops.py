@@ -5,9 +5,11 @@ every op exists whatever the torch version and backend. Where torch renamed an o
 `all_gather_into_tensor` / `reduce_scatter_tensor` for `*_single`), the current name is used so
 callers see no deprecation warnings.
 """
+import torch
 import torch.distributed as dist
 
 from deepspeed.comm import capabilities, fallbacks
+from deepspeed.comm.fallbacks import _done
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -37,35 +39,61 @@ def all_reduce(tensor, op, group, async_op):
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
-# gloo's reduce-scatter is slower than its ring all-reduce of the whole tensor (3.2 M fp32, 2
-# ranks, one thread each: 18.9 ms against 10.0 ms; 3 ranks: 48 against 35 ms), so on gloo a
-# reduce-scatter is an all-reduce of a copy of the input, of which each rank keeps its piece
-ALL_REDUCE_FOR_REDUCE_SCATTER = {"gloo"}
+# gloo's reduce-scatter is slower than its ring all-reduce of the whole tensor, and both are
+# slower than each rank sending every other rank that rank's piece and summing what it receives
+# (3.2 M fp32, 2 ranks, one thread each, in isolation: native 16.4 ms, all-reduce of a copy 10.2
+# ms, exchange 4.5 ms; ZeRO-3's end-of-backward reduce-scatter in tools/bench/zero_bench.py's
+# larger GPT: 13.0 -> 8.6 ms). So on gloo a sum (or average) reduce-scatter of pieces of at least
+# EXCHANGE_MIN_PIECE_BYTES is that exchange; anything else is an all-reduce of a copy of the
+# input, of which each rank keeps its piece. Below that size the exchange wins in isolation but
+# loses inside a training step (the demo GPT's 200 KB pieces: ZeRO-3 1.19-1.23x DDP against
+# 1.12-1.17x), where its receives and sums compete with compute on the same cores. The exchange
+# sums the received pieces in a fixed order (the first peer's, the other peers' in rank order,
+# one's own last), the same on every run. (An all-gather by the same exchange was tried too:
+# faster in isolation, 3-5% slower ZeRO-3 backward, where gathers are prefetched; not used.)
+EXCHANGE_FOR_REDUCE_SCATTER = {"gloo"}
+EXCHANGE_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
+EXCHANGE_MIN_PIECE_BYTES = 1 << 20
+# the point-to-point tag of the exchange's messages: its own, so that a pipeline's activations
+# (tag 0) between the same two ranks never pair with a gradient piece
+EXCHANGE_TAG = 0x5253
 
 
 class _ThenCopy:
-    """A torch Work whose first ``wait`` also runs ``finish`` (the piece's copy-out)."""
+    """A torch Work (or several) whose first ``wait`` also runs ``finish`` (the copy-out, or
+    the sum of the received pieces)."""
 
     def __init__(self, work, finish):
-        self._work, self._finish = work, finish
+        self._works = work if isinstance(work, list) else [work]
+        self._finish = finish
 
     def wait(self, timeout=None):
-        done = self._work.wait() if timeout is None else self._work.wait(timeout)
+        done = True
+        for work in self._works:
+            done = (work.wait() if timeout is None else work.wait(timeout)) and done
         if self._finish is not None:
             finish, self._finish = self._finish, None
             finish()
         return done
 
+    def is_completed(self):
+        return self._finish is None
+
     def __getattr__(self, name):
-        return getattr(self.__dict__["_work"], name)
+        return getattr(self.__dict__["_works"][0], name)
 
 
-def _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_scratch):
+def _checked_chunk(output, input, size):
     chunk = output.numel()
-    size = dist.get_world_size(group)
     if input.numel() != size * chunk:
         raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements but the group "
                          f"size ({size}) x output ({chunk}) is {size * chunk}")
+    return chunk
+
+
+def _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_scratch):
+    size = dist.get_world_size(group)
+    chunk = _checked_chunk(output, input, size)
     buffer = input.detach().reshape(-1)
     if not input_is_scratch:  # the input stays as it was, as torch promises
         buffer = buffer.clone()
@@ -81,8 +109,58 @@ def _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_s
     return _ThenCopy(work, finish)
 
 
+def _overlaps(a, b):
+    """Whether ``a`` and ``b`` share any byte (an in-place reduce-scatter into a piece of its
+    own input cannot receive there before its own piece is read)."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _exchange_reduces(output, input, op):
+    """Whether the exchange runs this reduce-scatter (see EXCHANGE_FOR_REDUCE_SCATTER)."""
+    return op in EXCHANGE_OPS and output.is_contiguous() and not _overlaps(output, input) \
+        and output.numel() * output.element_size() >= EXCHANGE_MIN_PIECE_BYTES
+
+
+def _reduce_scatter_by_exchange(output, input, op, group, async_op):
+    """Rank ``r``'s piece of ``input`` goes to rank ``r``; each rank sums the pieces it
+    receives with its own into ``output`` (the first one received straight into it). The
+    input is only read; ``output`` must not overlap it."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    chunk = _checked_chunk(output, input, size)
+    pieces = input.detach().reshape(-1).split(chunk)
+    flat_out = output.view(-1)
+    peers = [r for r in range(size) if r != rank]
+    inboxes = [flat_out] + [torch.empty_like(flat_out) for _ in peers[1:]]
+    works = []
+    for peer, inbox in zip(peers, inboxes):
+        # post the receive before the send: gloo pairs them by (peer, tag) in posting order
+        works.append(dist.irecv(inbox, group=group, group_src=peer, tag=EXCHANGE_TAG))
+        works.append(dist.isend(pieces[peer], group=group, group_dst=peer, tag=EXCHANGE_TAG))
+
+    def finish():
+        for inbox in inboxes[1:]:
+            flat_out.add_(inbox)
+        flat_out.add_(pieces[rank])
+        if op == dist.ReduceOp.AVG:
+            flat_out.div_(size)
+
+    work = _ThenCopy(works, finish)
+    if not async_op:
+        work.wait()
+        return None
+    return work
+
+
 def reduce_scatter_tensor(output, input, op, group, async_op, input_is_scratch=False):
-    if backend_of(group) in ALL_REDUCE_FOR_REDUCE_SCATTER:
+    if backend_of(group) in EXCHANGE_FOR_REDUCE_SCATTER:
+        if dist.get_world_size(group) == 1:
+            output.copy_(input.view(output.shape))
+            return _done(async_op)
+        if _exchange_reduces(output, input, op):
+            return _reduce_scatter_by_exchange(output, input, op, group, async_op)
         return _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_scratch)
     return capabilities.call(
         "reduce_scatter_tensor", backend_of(group),
