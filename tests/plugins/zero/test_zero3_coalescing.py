@@ -182,3 +182,85 @@ def test_zero_init_partitions_every_parameter_and_persistence_starts_at_the_firs
         assert after_initialize == [0] * len(full)  # the engine gathers only when it needs to
         assert all(persist)  # all under the default threshold of 1e5 elements
         assert after_step == full  # persistent: resident from the first gather on
+
+
+class Wide(torch.nn.Module):
+    """Large enough that a whole-model reduce-scatter sends pieces of over 1 MiB per rank (gloo
+    runs those as a point-to-point exchange, ``backend_ops.EXCHANGE_MIN_PIECE_BYTES``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(7, 1024)
+        self.hidden = torch.nn.Linear(1024, 600)
+        self.out = torch.nn.Linear(600, 5)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.hidden(torch.tanh(self.inp(x)))))
+
+
+# 2 ranks averaging 2 micro-batch means against one mean over both: rounding differs, and Adam
+# normalises every element, so an element with a near-zero gradient can move by ~lr * 1e-3
+# (measured 1.5e-5 at lr 1e-2)
+ATOL_WIDE = 1e-4
+
+
+def _wide_reference(world):
+    torch.manual_seed(0)
+    model = Wide()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    x, y = _data(world)
+    size = MICRO * world
+    for s in range(STEPS):
+        batch = slice(s * size, (s + 1) * size)
+        torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _train_wide(exchange):
+    import deepspeed
+    from deepspeed import comm as dist
+    from deepspeed.comm import backend_ops
+
+    from zero_models import full_params
+
+    used = []
+    saved = (backend_ops.EXCHANGE_MIN_PIECE_BYTES, backend_ops._reduce_scatter_by_exchange)
+
+    def spy(*args, **kwargs):
+        used.append(args[0].numel())
+        return saved[1](*args, **kwargs)
+
+    backend_ops._reduce_scatter_by_exchange = spy
+    if not exchange:
+        backend_ops.EXCHANGE_MIN_PIECE_BYTES = float("inf")
+    try:
+        torch.manual_seed(0)
+        config = {"train_micro_batch_size_per_gpu": MICRO,
+                  "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+                  "zero_optimization": {"stage": 3, "overlap_comm": True}}
+        engine, *_ = deepspeed.initialize(model=Wide(), config=config)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        x, y = _data(world)
+        for s in range(STEPS):
+            start = s * MICRO * world + rank * MICRO
+            loss = torch.nn.functional.mse_loss(engine(x[start:start + MICRO]),
+                                                y[start:start + MICRO])
+            engine.backward(loss)
+            engine.step()
+        return full_params(engine.module), used
+    finally:
+        backend_ops.EXCHANGE_MIN_PIECE_BYTES, backend_ops._reduce_scatter_by_exchange = saved
+
+
+def test_large_buckets_reduce_by_exchange_bit_identical_to_the_all_reduce_route(dist_pool):
+    expected = _wide_reference(2)
+    exchanged = dist_pool.run(_train_wide, args=(True,))
+    all_reduced = dist_pool.run(_train_wide, args=(False,))
+    for (params, used), (reference, unused) in zip(exchanged, all_reduced):
+        assert used and all(n * 4 >= 1 << 20 for n in used), used  # the exchange ran
+        assert unused == []
+        for name, want in expected.items():
+            assert torch.equal(params[name], reference[name]), name
+            torch.testing.assert_close(params[name], want, rtol=0, atol=ATOL_WIDE, msg=name)
