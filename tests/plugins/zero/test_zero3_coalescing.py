@@ -39,8 +39,9 @@ def _data(world):
     return regression_data(STEPS * MICRO * world, 7, 5, seed=3)
 
 
-def _reference(world):
-    model = _model()
+def _reference(world, build=None):
+    """Single-process AdamW over the same batches (``build``: the model; default ``_model``)."""
+    model = (build or _model)()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)  # the config's default
     x, y = _data(world)
     size = MICRO * world
@@ -204,18 +205,9 @@ class Wide(torch.nn.Module):
 ATOL_WIDE = 1e-4
 
 
-def _wide_reference(world):
+def _wide_model():
     torch.manual_seed(0)
-    model = Wide()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    x, y = _data(world)
-    size = MICRO * world
-    for s in range(STEPS):
-        batch = slice(s * size, (s + 1) * size)
-        torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
-        opt.step()
-        opt.zero_grad()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    return Wide()
 
 
 def _train_wide(exchange):
@@ -236,11 +228,10 @@ def _train_wide(exchange):
     if not exchange:
         backend_ops.EXCHANGE_MIN_PIECE_BYTES = float("inf")
     try:
-        torch.manual_seed(0)
         config = {"train_micro_batch_size_per_gpu": MICRO,
                   "optimizer": {"type": "AdamW", "params": {"lr": LR}},
                   "zero_optimization": {"stage": 3, "overlap_comm": True}}
-        engine, *_ = deepspeed.initialize(model=Wide(), config=config)
+        engine, *_ = deepspeed.initialize(model=_wide_model(), config=config)
         rank, world = dist.get_rank(), dist.get_world_size()
         x, y = _data(world)
         for s in range(STEPS):
@@ -255,7 +246,7 @@ def _train_wide(exchange):
 
 
 def test_large_buckets_reduce_by_exchange_bit_identical_to_the_all_reduce_route(dist_pool):
-    expected = _wide_reference(2)
+    expected = _reference(2, _wide_model)
     exchanged = dist_pool.run(_train_wide, args=(True,))
     all_reduced = dist_pool.run(_train_wide, args=(False,))
     for (params, used), (reference, unused) in zip(exchanged, all_reduced):
