@@ -77,7 +77,11 @@ class _ThenCopy:
         return done
 
     def is_completed(self):
-        return self._finish is None
+        """Waits, then True: gloo's point-to-point works report completion only from
+        ``wait()``, so a caller polling this instead of waiting would otherwise spin forever;
+        this way it reads a finished result (after blocking once)."""
+        self.wait()
+        return True
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_works"][0], name)

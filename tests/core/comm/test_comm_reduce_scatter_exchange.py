@@ -118,3 +118,23 @@ def test_three_ranks_sum_in_a_fixed_order():
             want += pieces[r]
         want += pieces[rank]
         assert torch.equal(got["out"], want)
+
+
+def _rank_polled(piece):
+    import time
+
+    import deepspeed.comm as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(piece)
+    work = dist.reduce_scatter_tensor(out, _contribution(rank, world, piece), async_op=True)
+    deadline = time.monotonic() + 60
+    while not work.is_completed():  # polling, never calling wait(): gloo p2p alone would spin
+        assert time.monotonic() < deadline, "the exchange never reported completion"
+        time.sleep(0.001)
+    return out
+
+
+def test_polling_is_completed_gives_the_finished_sum():
+    for rank, got in enumerate(run_distributed(_rank_polled, world_size=2, args=(PIECE,))):
+        assert torch.equal(got, _expected(2, PIECE, rank))
