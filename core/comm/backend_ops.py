@@ -161,7 +161,7 @@ def _reduce_scatter_by_exchange(output, input, op, group, async_op):
 def reduce_scatter_tensor(output, input, op, group, async_op, input_is_scratch=False):
     if backend_of(group) in EXCHANGE_FOR_REDUCE_SCATTER:
         if dist.get_world_size(group) == 1:
-            output.copy_(input.view(output.shape))
+            output.copy_(input.reshape(output.shape))
             return _done(async_op)
         if _exchange_reduces(output, input, op):
             return _reduce_scatter_by_exchange(output, input, op, group, async_op)

@@ -138,3 +138,17 @@ def _rank_polled(piece):
 def test_polling_is_completed_gives_the_finished_sum():
     for rank, got in enumerate(run_distributed(_rank_polled, world_size=2, args=(PIECE,))):
         assert torch.equal(got, _expected(2, PIECE, rank))
+
+
+def _rank_alone():
+    import deepspeed.comm as dist
+
+    given = torch.arange(12, dtype=torch.float32).view(3, 4).t()  # not contiguous
+    out = torch.empty(12)
+    dist.reduce_scatter_tensor(out, given)
+    return out, given.reshape(-1)
+
+
+def test_one_rank_reduce_scatter_is_a_copy_of_any_input():
+    (out, want), = run_distributed(_rank_alone, world_size=1)
+    assert torch.equal(out, want)
