@@ -29,7 +29,7 @@ import torch
 import torch.distributed as tdist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_vs_ddp import spawn  # noqa: E402
+from engine_vs_ddp import run_ranks  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -108,10 +108,7 @@ def worker(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    import os
-
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    spawn(worker, args, args.world_size)
+    run_ranks(worker, args, args.world_size)  # spawns ranks, or is one under a launcher
 
 
 if __name__ == "__main__":
