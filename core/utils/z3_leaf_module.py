@@ -12,6 +12,12 @@ nothing when ZeRO-3 is off, and it can be set before or after ``deepspeed.initia
 import torch
 
 LEAF_ATTRIBUTE = "_z3_leaf"
+_EDITS = [0]  # bumped by every (un)marking: what ZeRO-3 decided per trace may have changed
+
+
+def leaf_mark_edits() -> int:
+    """How many times ``set_z3_leaf_modules``/``unset_z3_leaf_modules`` have run."""
+    return _EDITS[0]
 
 
 def z3_leaf_module(module) -> bool:
@@ -54,6 +60,7 @@ def _set_leaf_flag(model, leaf_classes, flag):
         names = [c if isinstance(c, str) else c.__name__ for c in leaf_classes]
         raise ValueError(f"no module of class {names} found in {type(model).__name__}: "
                          f"nothing to mark as a ZeRO-3 leaf module")
+    _EDITS[0] += 1
     for module in matched:
         setattr(module, LEAF_ATTRIBUTE, flag)
         for param in module.parameters():

@@ -53,6 +53,8 @@ class Bucket:
     def settle(self):
         """Done touching this rank's piece for now (ZeRO-3 NVMe shards return to disk)."""
 
+    resident = True  # the piece stays in memory between uses (``settle`` does nothing)
+
     @property
     def dtype(self):
         return self.buffer.dtype
@@ -76,6 +78,10 @@ class ShardBucket(Bucket):
 
     def settle(self):
         self.params[0].ds_partitioner.settle(self.params[0])
+
+    @property
+    def resident(self):
+        return self.params[0].ds_partitioner.shard_store is None
 
     @property
     def dtype(self):

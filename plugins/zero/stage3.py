@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import torch
 
 from deepspeed.utils.nested import map_tensors
-from deepspeed.utils.z3_leaf_module import z3_leaf_module
+from deepspeed.utils.z3_leaf_module import leaf_mark_edits, z3_leaf_module
 from deepspeed.zero.partition_parameters import (ZeroParamStatus, by_partitioner, gather_params,
                                                  is_zero_param, release_params)
 
@@ -194,6 +194,8 @@ class ParameterCoordinator:
         self._forward_lookahead = _Lookahead(+1)
         self._backward_lookahead = _Lookahead(-1, modules=1)
         self.gathered_peak = 0  # most elements gathered at once (tests and tuning)
+        self._prefetch_key = None  # what ``_prefetchable`` was decided for
+        self._prefetchable = True
 
     def install(self):
         for module in self.module.modules():
@@ -226,7 +228,7 @@ class ParameterCoordinator:
             self._leaf = module
         if not self.trace_complete:
             self.trace.append(module)
-        else:
+        elif self._anything_to_prefetch():
             self._prefetch_after(module)
         params = self._params_of(module)
         if not params:
@@ -392,6 +394,19 @@ class ParameterCoordinator:
             live += size
             index += step
         look.cursor = index
+
+    def _anything_to_prefetch(self):
+        """Whether a module of the recorded trace needs gathering before it runs. When every
+        parameter persists (a small model: the demo GPT) there is nothing to prefetch, and
+        walking the trace at every module was ~1% of its step. Decided again when external
+        parameters or leaf marks change what a module gathers (a stale answer costs speed
+        only: a module's own pre-hook gathers whatever it finds partitioned)."""
+        key = (_EXTERNAL_EDITS[0], leaf_mark_edits())
+        if self._prefetch_key != key:
+            self._prefetch_key = key
+            self._prefetchable = any(self._params_of(m) and not self._all_persistent(m)
+                                     for m in self.trace)
+        return self._prefetchable
 
     def _params_of(self, module):
         """``module_params(module)``, cached until an external parameter is (un)registered or
