@@ -3,8 +3,18 @@
 Enable it with ``"comms_logger": {"enabled": true}`` in the DeepSpeed config (or
 ``deepspeed.comm.configure(enabled=True)``), then call ``deepspeed.comm.log_summary()``.
 """
-from deepspeed.comms_logging.config import CommsLoggerConfig
-from deepspeed.comms_logging.logger import CommsLogger, verbose_line
-from deepspeed.comms_logging.summary import format_size, render_table
+
+from deepspeed.utils.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "CommsLogger": "deepspeed.comms_logging.logger",
+    "CommsLoggerConfig": "deepspeed.comms_logging.config",
+    "format_size": "deepspeed.comms_logging.summary",
+    "render_table": "deepspeed.comms_logging.summary",
+    "verbose_line": "deepspeed.comms_logging.logger",
+}
 
 __all__ = ["CommsLogger", "CommsLoggerConfig", "format_size", "render_table", "verbose_line"]
+
+# loaded on first use: the plugin catalog imports this package with every run (see lazy_exports)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -7,6 +7,7 @@ section. After every optimizer step (``deepspeed_after_step``) the compression s
 ``engine.global_steps`` and MoQ quantizes the weights. Checkpoints keep the step-dependent
 state (which techniques are on, the bits, MoQ's period) under ``ds_compression``.
 """
+import sys
 import types
 
 from deepspeed.hooks import hookimpl
@@ -14,8 +15,6 @@ from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.utils.logging import log_dist
 
 from .config import CompressionTrainingConfig, QuantizeTrainingConfig
-from .moq import MoQQuantizer
-from .scheduler import compressed_layers, compression_scheduler
 
 STATE_KEY = "ds_compression"
 
@@ -30,10 +29,20 @@ class CompressionPlugin(DeepSpeedPlugin):
 
     @hookimpl
     def deepspeed_enable_for_model(self, model):
+        # compression-aware layers come from ``basic_layer``: while nothing imported it, no model
+        # holds one, and a run without compression imports none of the library (the catalog
+        # asks this of every model: see ``deepspeed.utils.lazy_exports``)
+        if "deepspeed.compression.basic_layer" not in sys.modules:
+            return None
+        from .scheduler import compressed_layers
+
         return bool(compressed_layers(model)) or None
 
     @hookimpl
     def deepspeed_engine_init(self, engine, config):
+        from .moq import MoQQuantizer
+        from .scheduler import compression_scheduler
+
         self.scheduler = compression_scheduler(engine.module)
         section = config.section("compression_training")
         if section is not None and section.enabled and not self.scheduler.layers \

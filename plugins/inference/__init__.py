@@ -8,7 +8,15 @@ how a rank's slice is chosen, ``checkpoint`` ``checkpoint=`` loading into shards
 weight-only int8, ``moe_inference`` the ``moe`` settings and expert slicing, ``kernel_inject``
 the fused path; ``deepspeed.module_inject`` re-exports AutoTP and the layers under their
 upstream paths."""
-from deepspeed.inference.config import DeepSpeedInferenceConfig
-from deepspeed.inference.engine import InferenceEngine
+
+from deepspeed.utils.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "DeepSpeedInferenceConfig": "deepspeed.inference.config",
+    "InferenceEngine": "deepspeed.inference.engine",
+}
 
 __all__ = ["DeepSpeedInferenceConfig", "InferenceEngine"]
+
+# loaded on first use: the plugin catalog imports this package with every run (see lazy_exports)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -7,10 +7,20 @@ Modules: ``packing`` (sign bits), ``transports`` (deepspeed.comm or MPI), ``comp
 error-compensated 1-bit all-reduce), ``base`` / ``adam`` / ``zoadam`` / ``lamb`` (the optimizers),
 ``schedules`` (0/1 Adam's step policies).
 """
-from deepspeed.onebit.adam import OneBitAdam, OnebitAdam
-from deepspeed.onebit.compressed import CompressedAllreduce
-from deepspeed.onebit.lamb import OneBitLamb, OnebitLamb
-from deepspeed.onebit.zoadam import ZeroOneAdam
+
+from deepspeed.utils.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "OnebitAdam": "deepspeed.onebit.adam",
+    "OneBitAdam": "deepspeed.onebit.adam",
+    "ZeroOneAdam": "deepspeed.onebit.zoadam",
+    "OnebitLamb": "deepspeed.onebit.lamb",
+    "OneBitLamb": "deepspeed.onebit.lamb",
+    "CompressedAllreduce": "deepspeed.onebit.compressed",
+}
 
 __all__ = ["OnebitAdam", "OneBitAdam", "ZeroOneAdam", "OnebitLamb", "OneBitLamb",
            "CompressedAllreduce"]
+
+# loaded on first use: the plugin catalog imports this package with every run (see lazy_exports)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -16,22 +16,24 @@ upstream asserts the same) and ``moe`` (expert gradients are averaged over exper
 the compressed exchange over the data-parallel group would get wrong). The MPI backend cannot
 serve a pipeline (its data-parallel group is not MPI's world): refused naming ``pipe``.
 """
+import importlib
+import sys
+
 from deepspeed.hooks import hookimpl
-from deepspeed.onebit.adam import OnebitAdam
-from deepspeed.onebit.base import OneBitOptimizer
-from deepspeed.onebit.lamb import OnebitLamb
-from deepspeed.onebit.transports import MPI_BACKEND
-from deepspeed.onebit.zoadam import ZeroOneAdam
-from deepspeed.optimizers import construct
 from deepspeed.plugin_manager import DeepSpeedPlugin, PluginError
 from deepspeed.utils.logging import log_dist
 
-OPTIMIZERS = {"onebitadam": OnebitAdam, "zerooneadam": ZeroOneAdam, "onebitlamb": OnebitLamb}
+# config name (lower case) -> (module, class); imported only when the config asks for one, since
+# the catalog loads this plugin with every run (``deepspeed.utils.lazy_exports``)
+OPTIMIZERS = {"onebitadam": ("deepspeed.onebit.adam", "OnebitAdam"),
+              "zerooneadam": ("deepspeed.onebit.zoadam", "ZeroOneAdam"),
+              "onebitlamb": ("deepspeed.onebit.lamb", "OnebitLamb")}
 
 
 def _onebit_optimizer(engine):
+    base = sys.modules.get("deepspeed.onebit.base")  # not imported: no 1-bit optimizer exists
     optimizer = getattr(engine, "basic_optimizer", None)
-    return optimizer if isinstance(optimizer, OneBitOptimizer) else None
+    return optimizer if base is not None and isinstance(optimizer, base.OneBitOptimizer) else None
 
 
 class OneBitPlugin(DeepSpeedPlugin):
@@ -44,9 +46,13 @@ class OneBitPlugin(DeepSpeedPlugin):
 
     @hookimpl
     def deepspeed_build_optimizer(self, engine, name, params, optimizer_params):
-        cls = OPTIMIZERS.get(name.lower())
-        if cls is None:
+        where = OPTIMIZERS.get(name.lower())
+        if where is None:
             return None
+        from deepspeed.onebit.transports import MPI_BACKEND
+        from deepspeed.optimizers import construct
+
+        cls = getattr(importlib.import_module(where[0]), where[1])
         options = dict(optimizer_params or {})
         if "deepspeed" in options:
             raise ValueError("optimizer.params.deepspeed: the engine is passed by deepspeed."

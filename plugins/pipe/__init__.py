@@ -2,23 +2,24 @@
 ``TiedLayerSpec``, topologies); ``deepspeed.initialize`` returns a ``PipelineEngine`` for a
 ``PipelineModule`` (see ``plugin.py``). Upstream's ``deepspeed.runtime.pipe.*`` paths live in
 ``runtime_compat/``."""
-import importlib
 
-from deepspeed.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
-from deepspeed.pipe.topology import (PipeDataParallelTopology, PipelineParallelGrid,
-                                     PipeModelDataParallelTopology, ProcessTopology)
+from deepspeed.utils.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "PipelineModule": "deepspeed.pipe.module",
+    "LayerSpec": "deepspeed.pipe.module",
+    "TiedLayerSpec": "deepspeed.pipe.module",
+    "ProcessTopology": "deepspeed.pipe.topology",
+    "PipeDataParallelTopology": "deepspeed.pipe.topology",
+    "PipeModelDataParallelTopology": "deepspeed.pipe.topology",
+    "PipelineParallelGrid": "deepspeed.pipe.topology",
+    "PipelineEngine": "deepspeed.pipe.engine",
+    "PipelineError": "deepspeed.pipe.p2p",
+}
 
 __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
            "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid",
            "PipelineEngine", "PipelineError"]
 
-_LAZY = {"PipelineEngine": "deepspeed.pipe.engine", "PipelineError": "deepspeed.pipe.p2p"}
-
-
-def __getattr__(name):
-    """The engine imports the whole core engine: loaded on first use, not with the layers."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
+# loaded on first use: the plugin catalog imports this package with every run (see lazy_exports)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

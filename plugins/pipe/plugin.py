@@ -11,6 +11,8 @@ layer index; data-parallel rank 0 of each stage writes its layers) and each stag
 ``mp_rank_XX_model_states.pt`` holds ``module: None`` and ``pipeline_stages``. The weights load
 at any number of stages; the optimizer state only at the number it was saved with.
 """
+import sys
+
 from deepspeed.hooks import EngineChoice, hookimpl
 from deepspeed.pipe.config import PipelineConfig
 from deepspeed.plugin_manager import DeepSpeedPlugin
@@ -20,12 +22,15 @@ PIPELINE_STAGES_KEY = "pipeline_stages"
 
 
 def _pipeline_module(model):
-    from deepspeed.pipe.module import PipelineModule
-
-    if isinstance(model, PipelineModule):
+    # asked of every model by the catalog: while ``deepspeed.pipe.module`` is not imported no
+    # PipelineModule exists, and a run without pipelines does not import the pipeline library
+    module = sys.modules.get("deepspeed.pipe.module")
+    if module is None:
+        return None
+    if isinstance(model, module.PipelineModule):
         return model
     wrapped = getattr(model, "wrapped", None)
-    return wrapped if isinstance(wrapped, PipelineModule) else None
+    return wrapped if isinstance(wrapped, module.PipelineModule) else None
 
 
 class PipePlugin(DeepSpeedPlugin):

@@ -7,7 +7,7 @@ memory estimators in ``estimators``. The plugin class that hooks it into the eng
 ``plugin.ZeroPlugin`` (entry point ``zero``). Names are imported lazily so that reading the
 config schema does not import the optimizer machinery.
 """
-import importlib
+from deepspeed.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "DeepSpeedZeroConfig": "deepspeed.zero.config",
@@ -33,8 +33,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepspeed.zero' has no attribute '{name}'")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
