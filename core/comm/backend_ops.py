@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from deepspeed.comm import capabilities, fallbacks
-from deepspeed.comm.fallbacks import _done
+from deepspeed.comm.work import finished
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -59,7 +59,7 @@ EXCHANGE_MIN_PIECE_BYTES = 1 << 20
 EXCHANGE_TAG = 0x5253
 
 
-class _ThenCopy:
+class _ThenFinish:
     """A torch Work (or several) whose first ``wait`` also runs ``finish`` (the copy-out, or
     the sum of the received pieces)."""
 
@@ -110,7 +110,7 @@ def _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_s
     if not async_op:
         finish()
         return None
-    return _ThenCopy(work, finish)
+    return _ThenFinish(work, finish)
 
 
 def _overlaps(a, b):
@@ -151,7 +151,7 @@ def _reduce_scatter_by_exchange(output, input, op, group, async_op):
         if op == dist.ReduceOp.AVG:
             flat_out.div_(size)
 
-    work = _ThenCopy(works, finish)
+    work = _ThenFinish(works, finish)
     if not async_op:
         work.wait()
         return None
@@ -162,7 +162,7 @@ def reduce_scatter_tensor(output, input, op, group, async_op, input_is_scratch=F
     if backend_of(group) in EXCHANGE_FOR_REDUCE_SCATTER:
         if dist.get_world_size(group) == 1:
             output.copy_(input.reshape(output.shape))
-            return _done(async_op)
+            return finished(async_op)
         if _exchange_reduces(output, input, op):
             return _reduce_scatter_by_exchange(output, input, op, group, async_op)
         return _reduce_scatter_by_all_reduce(output, input, op, group, async_op, input_is_scratch)

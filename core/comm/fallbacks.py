@@ -12,11 +12,7 @@ all-reduce, a list all_to_all on all_to_all_single) takes that op as its last ar
 import torch
 import torch.distributed as dist
 
-from deepspeed.comm.work import CompletedWork
-
-
-def _done(async_op):
-    return CompletedWork() if async_op else None
+from deepspeed.comm.work import finished
 
 
 def _rank_and_size(group):
@@ -32,7 +28,7 @@ def _global_rank(group, group_rank):
 def all_reduce_avg(tensor, group, async_op):
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     tensor.div_(dist.get_world_size(group))
-    return _done(async_op)
+    return finished(async_op)
 
 
 def reduce_scatter_tensor(output, input, op, group, async_op, all_reduce):
@@ -45,7 +41,7 @@ def reduce_scatter_tensor(output, input, op, group, async_op, all_reduce):
     buffer = input.detach().reshape(-1).clone()
     all_reduce(buffer, op, group, False)
     output.copy_(buffer[rank * chunk:(rank + 1) * chunk].view(output.shape))
-    return _done(async_op)
+    return finished(async_op)
 
 
 def reduce_scatter(output, input_list, op, group, async_op, all_reduce):
@@ -62,7 +58,7 @@ def reduce_scatter(output, input_list, op, group, async_op, all_reduce):
     all_reduce(buffer, op, group, False)
     start = sum(sizes[:rank])
     output.copy_(buffer[start:start + sizes[rank]].view(output.shape))
-    return _done(async_op)
+    return finished(async_op)
 
 
 def all_gather_into_tensor(output, input, group, async_op):
@@ -77,7 +73,7 @@ def all_gather_into_tensor(output, input, group, async_op):
     dist.all_gather(parts, input.contiguous(), group=group)
     if flat is not output:
         output.copy_(flat.view(output.shape))
-    return _done(async_op)
+    return finished(async_op)
 
 
 def _split_sizes(tensor, sizes, size, what):
@@ -114,7 +110,7 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, grou
         work.wait()
     for target, buffer in landed:
         target.copy_(buffer)
-    return _done(async_op)
+    return finished(async_op)
 
 
 def all_to_all(output_list, input_list, group, async_op, all_to_all_single):
@@ -136,7 +132,7 @@ def all_to_all(output_list, input_list, group, async_op, all_to_all_single):
     for target in output_list:
         target.copy_(receive[start:start + target.numel()].view(target.shape))
         start += target.numel()
-    return _done(async_op)
+    return finished(async_op)
 
 
 def monitored_barrier(group, timeout, wait_all_ranks):

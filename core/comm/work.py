@@ -36,6 +36,12 @@ class CompletedWork:
         return future
 
 
+def finished(async_op):
+    """What an op that already completed synchronously returns: a ``CompletedWork`` when the
+    caller asked for ``async_op``, else None (torch's convention)."""
+    return CompletedWork() if async_op else None
+
+
 class WorkHandle:
     """A torch Work whose `wait()` reports completion and raises `CommTimeoutError` on timeouts."""
 
