@@ -30,7 +30,45 @@ def backend_of(group) -> str:
     return str(dist.get_backend(group))
 
 
+# Backends that take accelerator tensors only: NCCL rejects a host tensor ("No backend type
+# associated with device type cpu"). The small host tensors of a step (an overflow flag, a
+# norm's sum of squares, a count) are staged through the accelerator for all_reduce and
+# broadcast, so code written against gloo runs unchanged over NCCL; bulk data is already on
+# the device and never takes this path.
+DEVICE_ONLY_BACKENDS = {"nccl"}
+
+
+def _host_on_device_only_backend(tensor, group):
+    return tensor.device.type == "cpu" and backend_of(group) in DEVICE_ONLY_BACKENDS
+
+
+def _staged(tensor, run, async_op):
+    """``run(device_copy)`` on an accelerator copy of host ``tensor``; the result is copied
+    back when the op completes (at once, or at the returned work's ``wait``)."""
+    from deepspeed.accelerator import get_accelerator  # lazy: the accelerator imports comm
+
+    staged = tensor.to(get_accelerator().current_device_name())
+    work = run(staged)
+    if not async_op:
+        tensor.copy_(staged)
+        return work
+    return _ThenFinish(work, lambda: tensor.copy_(staged))
+
+
+def broadcast(tensor, src, group, async_op):
+    if _host_on_device_only_backend(tensor, group):
+        return _staged(tensor, lambda t: dist.broadcast(t, src, group=group, async_op=async_op),
+                       async_op)
+    return dist.broadcast(tensor, src, group=group, async_op=async_op)
+
+
 def all_reduce(tensor, op, group, async_op):
+    if _host_on_device_only_backend(tensor, group):
+        return _staged(tensor, lambda t: _all_reduce(t, op, group, async_op), async_op)
+    return _all_reduce(tensor, op, group, async_op)
+
+
+def _all_reduce(tensor, op, group, async_op):
     if op == dist.ReduceOp.AVG:
         return capabilities.call(
             "all_reduce_avg", backend_of(group),

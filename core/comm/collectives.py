@@ -210,7 +210,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast",
               debug=None):
     return _call("broadcast",
-                 lambda: dist.broadcast(tensor, src, group=group, async_op=async_op),
+                 lambda: backend_ops.broadcast(tensor, src, group, async_op),
                  group=group, size=_nbytes(tensor), async_op=async_op, log_name=log_name,
                  prof=prof, debug=debug)
 

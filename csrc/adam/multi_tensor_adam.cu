@@ -16,25 +16,47 @@ struct AdamOp {
     float lr, beta1, beta2, eps, step_size, bias2_sqrt, weight_decay;
     int adamw_mode;
 
+    // kIlp elements per thread per round, loaded into registers before any is computed, so
+    // each thread keeps several independent loads in flight (one at a time left the H200's
+    // memory system a third idle: 1.68 ms against torch's fused AdamW's 1.34 ms on 104M fp32);
+    // element i + k * blockDim.x keeps every load and store coalesced across the warp
+    static constexpr int kIlp = 4;
+
     __device__ void operator()(void* const* ptrs, int64_t offset, int64_t n, int) const {
         T* p = static_cast<T*>(ptrs[0]) + offset;
         const T* g = static_cast<const T*>(ptrs[1]) + offset;
         T* m = static_cast<T*>(ptrs[2]) + offset;
         T* v = static_cast<T*>(ptrs[3]) + offset;
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            float pf = to_float(p[i]);
-            float gf = to_float(g[i]);
-            float mf = to_float(m[i]);
-            float vf = to_float(v[i]);
-            if (!adamw_mode && weight_decay != 0.f) gf += weight_decay * pf;
-            mf = beta1 * mf + (1.f - beta1) * gf;
-            vf = beta2 * vf + (1.f - beta2) * gf * gf;
-            const float denom = sqrtf(vf) / bias2_sqrt + eps;
-            if (adamw_mode && weight_decay != 0.f) pf *= 1.f - lr * weight_decay;
-            pf -= step_size * mf / denom;
-            p[i] = from_float<T>(pf);
-            m[i] = from_float<T>(mf);
-            v[i] = from_float<T>(vf);
+        const int64_t stride = static_cast<int64_t>(blockDim.x);
+        for (int64_t start = 0; start < n; start += stride * kIlp) {
+            float pf[kIlp], gf[kIlp], mf[kIlp], vf[kIlp];
+#pragma unroll
+            for (int k = 0; k < kIlp; ++k) {
+                const int64_t i = start + threadIdx.x + k * stride;
+                const bool in = i < n;
+                pf[k] = in ? to_float(p[i]) : 0.f;
+                gf[k] = in ? to_float(g[i]) : 0.f;
+                mf[k] = in ? to_float(m[i]) : 0.f;
+                vf[k] = in ? to_float(v[i]) : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < kIlp; ++k) {
+                if (!adamw_mode && weight_decay != 0.f) gf[k] += weight_decay * pf[k];
+                mf[k] = beta1 * mf[k] + (1.f - beta1) * gf[k];
+                vf[k] = beta2 * vf[k] + (1.f - beta2) * gf[k] * gf[k];
+                const float denom = sqrtf(vf[k]) / bias2_sqrt + eps;
+                if (adamw_mode && weight_decay != 0.f) pf[k] *= 1.f - lr * weight_decay;
+                pf[k] -= step_size * mf[k] / denom;
+            }
+#pragma unroll
+            for (int k = 0; k < kIlp; ++k) {
+                const int64_t i = start + threadIdx.x + k * stride;
+                if (i < n) {
+                    p[i] = from_float<T>(pf[k]);
+                    m[i] = from_float<T>(mf[k]);
+                    v[i] = from_float<T>(vf[k]);
+                }
+            }
         }
     }
 };

@@ -99,8 +99,11 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
             for param in params:
                 setattr(param, PARAM_STATE_ACCESS, self)  # deepspeed.utils.safe_get_full_*
 
+        # the backend's device: NCCL takes no host tensors, so the overflow flag and the norm's
+        # sum of squares are reduced here even when the gradients live on the host (offload)
+        self.comm_device = torch.device(get_accelerator().current_device_name())
         device = next((b.device for layout in self.layouts for b in layout.buckets),
-                      torch.device(get_accelerator().current_device_name()))
+                      self.comm_device)
         self.master_device = torch.device(offload_device) if offload_device else device
         pin = bool(getattr(zero_config.offload_optimizer, "pin_memory", False))
         self.sub_group_size = max(int(zero_config.sub_group_size), 1)
@@ -294,7 +297,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         if self.cur_scale != 1.0:
             for grads in self.grad_partitions:
                 grads.mul_(1.0 / self.cur_scale)
-        bad = torch.zeros(1)
+        bad = torch.zeros(1, device=self.comm_device)
         for grads in self.grad_partitions:
             if grads.numel() and not torch.isfinite(grads).all():
                 bad.fill_(1.0)
@@ -307,13 +310,13 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         """Global L2 norm of the gradients (each rank holds a disjoint partition), and clip.
         With ``norm_group`` (pipeline stages) the norm spans the group too, and this rank's
         fragments of parameters marked ``REPLICATED_PARAM`` are left out (counted elsewhere)."""
-        squares = torch.zeros(1, dtype=torch.float64)
+        squares = torch.zeros(1, dtype=torch.float64, device=self.comm_device)
         # each rank holds a disjoint piece of each gradient (expert groups: of its experts',
         # and the expert-data-parallel groups together span the data-parallel group), so the
         # data-parallel sum below counts every distinct gradient element once
         for grads, comm in zip(self.grad_partitions, self.group_comms):
             if grads.numel():
-                part = grads.double().pow(2).sum().cpu()
+                part = grads.double().pow(2).sum().to(self.comm_device)
                 squares += part if comm[3] == 1.0 else part * comm[3]
         if norm_group is not None:
             for params in self.partitioned_params:
@@ -323,7 +326,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                         if frag.length:
                             piece = self.grad_partitions[frag.group].narrow(
                                 0, frag.partition_offset, frag.length)
-                            squares -= piece.double().pow(2).sum().cpu() \
+                            squares -= piece.double().pow(2).sum().to(self.comm_device) \
                                 * self.group_comms[frag.group][3]
         dist.all_reduce(squares, group=self.dp_group)
         if norm_group is not None:

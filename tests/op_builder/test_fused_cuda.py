@@ -219,6 +219,9 @@ def test_fused_lamb_kernel_matches_pytorch_path(dtype, eps_inside_sqrt):
     reference, opt_reference = _run(make(False), dtype)
     for a, b in zip(kernel, reference):
         torch.testing.assert_close(a, b, **_tol(dtype))
+    # the last step's coefficients are norms of parameters the earlier steps left one bf16 ulp
+    # (2**-8) apart here and there: measured on an H200, up to 2.5e-4 relative in bf16
+    coeff_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-3, atol=1e-4)
     torch.testing.assert_close(torch.tensor(opt_kernel.get_lamb_coeffs()),
-                               torch.tensor(opt_reference.get_lamb_coeffs()), rtol=1e-4, atol=1e-5)
+                               torch.tensor(opt_reference.get_lamb_coeffs()), **coeff_tol)
     assert max(opt_kernel.get_lamb_coeffs()[len(SIZES) // 2:]) <= 0.5  # the clamp holds

@@ -30,9 +30,11 @@ def test_fork_runs_on_the_named_stream_and_leaves_the_outer_stream_alone():
     with tracker.fork("a"):
         r2 = _rand(4)
 
-    stream_a = _rand(8, seed=1)
-    assert torch.equal(r1, stream_a[:4])
-    assert torch.equal(r2, stream_a[4:])  # the stream continued
+    # two draws of 4 from a generator seeded 1 (not one draw of 8: CUDA's Philox generator
+    # advances its offset per launch, so 4 + 4 differs from 8 there)
+    stream_a = torch.Generator(device=DEVICE).manual_seed(1)
+    assert torch.equal(r1, torch.rand(4, device=DEVICE, generator=stream_a))
+    assert torch.equal(r2, torch.rand(4, device=DEVICE, generator=stream_a))  # it continued
     assert torch.equal(outer, _rand(4, seed=99))  # add and fork left the outer stream alone
 
 
@@ -98,8 +100,8 @@ def _tracker_dropout_segment(layer, x):
 
 def test_checkpoint_replays_the_tracker_streams():
     torch.manual_seed(0)
-    layer = torch.nn.Linear(6, 6)
-    x0 = torch.randn(5, 6)
+    layer = torch.nn.Linear(6, 6).to(DEVICE)  # on the device whose generator the tracker drives
+    x0 = torch.randn(5, 6).to(DEVICE)
 
     def run(use_checkpoint):
         layer.zero_grad(set_to_none=True)
@@ -111,7 +113,7 @@ def test_checkpoint_replays_the_tracker_streams():
                  else _tracker_dropout_segment(layer, h))
         h.sum().backward()
         return (h.detach(), x.grad, layer.weight.grad.clone(),
-                ckpt.get_cuda_rng_tracker().get_states(), torch.get_rng_state())
+                ckpt.get_cuda_rng_tracker().get_states(), get_accelerator().get_rng_state())
 
     ref, got = run(False), run(True)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])

@@ -48,9 +48,11 @@ class _Block(torch.nn.Module):
 
 def _train(offload, checkpoint):
     from torch.utils.checkpoint import checkpoint as ckpt
+    from deepspeed.accelerator import get_accelerator
+    device = get_accelerator().current_device_name()  # the offload moves what is there
     torch.manual_seed(0)
-    blocks = torch.nn.ModuleList(_Block() for _ in range(4))
-    x = torch.randn(8, 128, 64, requires_grad=True)
+    blocks = torch.nn.ModuleList(_Block() for _ in range(4)).to(device)
+    x = torch.randn(8, 128, 64).to(device).requires_grad_()
     ctx = get_checkpoint_hidden_states_offloading_ctx_manager(model=None, min_numel=1024) \
         if offload else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
 
