@@ -6,6 +6,7 @@ default) picks Triton for CUDA tensors when Triton imports, and the torch path o
 (``TRITON_INTERPRET=1`` set before Triton is imported), which the tests use to check the kernels
 without a GPU. ``torch`` forces the torch path everywhere.
 """
+import functools
 import importlib
 import os
 
@@ -23,6 +24,41 @@ def triton_status():
 
 def interpreter_on():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_problem():
+    """None when this process's Triton interpreter runs a loop bounded by a runtime integer
+    argument, else why not. Checked by running such a loop, since it is not our kernels' fault:
+    Triton 3.6's interpreter hands every scalar argument to the kernel as a 1-element numpy
+    array and ``range()`` calls ``int()`` on it, which NumPy 2.4.6 and 2.5.2 refuse ("only
+    0-dimensional arrays can be converted to Python scalars"; Triton 3.9 squeezes the array
+    first). Every
+    kernel here that loops over a sequence or a row count then fails under such an
+    interpreter, while the compiled kernels are unaffected. Only meaningful with
+    ``TRITON_INTERPRET=1`` set before Triton was imported."""
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime.errors import InterpreterError
+
+    @triton.jit
+    def _count(out_ptr, n):
+        total = 0
+        for _ in range(0, n):
+            total += 1
+        tl.store(out_ptr, total)
+
+    out = torch.zeros(1, dtype=torch.int32)
+    try:
+        _count[(1, )](out, 3)
+    except InterpreterError as err:
+        return (f"the Triton {triton.__version__} interpreter cannot run a loop over a runtime "
+                f"integer with NumPy {importlib.import_module('numpy').__version__} ({err}); "
+                f"Triton 3.9's interpreter runs it")
+    if int(out[0]) != 3:
+        return f"the Triton {triton.__version__} interpreter counted {int(out[0])} iterations of 3"
+    return None
 
 
 def use_triton(tensor, backend, env_var, op):
@@ -46,4 +82,7 @@ def use_triton(tensor, backend, env_var, op):
     if not tensor.is_cuda and not interpreter_on():
         raise RuntimeError(f"{op} backend 'triton' needs a CUDA tensor, or the Triton interpreter "
                            f"(TRITON_INTERPRET=1) for a {tensor.device} tensor")
+    if not tensor.is_cuda and interpreter_problem():
+        raise RuntimeError(f"{op} backend 'triton' on a {tensor.device} tensor: "
+                           f"{interpreter_problem()}")
     return True

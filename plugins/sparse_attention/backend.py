@@ -54,4 +54,10 @@ def kernels_for(tensor, backend=None):
     if not tensor.is_cuda and not interpreter_on():
         raise RuntimeError(f"sparse attention backend 'triton' needs a CUDA tensor, or the Triton "
                            f"interpreter (TRITON_INTERPRET=1) for a {tensor.device} tensor")
+    if not tensor.is_cuda:
+        from deepspeed.ops.triton_support import interpreter_problem
+
+        if interpreter_problem():
+            raise RuntimeError(f"sparse attention backend 'triton' on a {tensor.device} tensor: "
+                               f"{interpreter_problem()}")
     return importlib.import_module("deepspeed.sparse_attention.triton_kernels")

@@ -31,7 +31,10 @@ class _InvertibleLayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         y, weight, bias, mean, rstd = ctx.saved_tensors
-        x = (y - bias) / weight / rstd + mean
+        # rebuilt in fp32 and handed back in y's dtype: on CUDA a half-precision LayerNorm keeps
+        # mean / rstd in fp32 (on CPU in the input's dtype), and the backward kernel wants its
+        # input in the dtype of dy and weight, so a mixed-dtype rebuild fails there
+        x = ((y.float() - bias.float()) / weight.float() / rstd.float() + mean.float()).to(y.dtype)
         dx, dw, db = aten.native_layer_norm_backward(dy, x, [y.shape[-1]], mean, rstd, weight, bias,
                                                      [True, True, True])
         return dx, dw, db, None

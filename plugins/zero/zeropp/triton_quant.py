@@ -2,7 +2,10 @@
 
 One program per block (of any size: lanes past it are masked): load the block, reduce its
 absmax, write one fp32 scale and the rounded integers (half away from zero, as the torch
-path). Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the CPU test
+path). Both divisions are ``tl.math.div_rn`` (IEEE round-to-nearest, as torch's ``/``): Triton's
+``/`` on fp32 compiles to the approximate ``div.full.f32`` on NVIDIA GPUs (up to 2 ulp off),
+which moved quotients near a .5 tie to the other integer, so the GPU's integers differed by one
+from the torch path's on some elements. Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the CPU test
 checks it against the torch path).
 """
 import torch
@@ -31,12 +34,12 @@ if triton is not None:
     def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, block_size, P2: tl.constexpr):
         block, offs, inside = _block_lanes(block_size, P2)
         x = tl.load(x_ptr + offs, mask=inside & (offs < numel), other=0.0).to(tl.float32)
-        scale = tl.max(tl.abs(x), axis=0) / 127.0
+        scale = tl.math.div_rn(tl.max(tl.abs(x), axis=0), 127.0)
         # inf / nan stay (a GPU max skips nan, so it is looked for): the block decodes to nan
         # and an overflow stays visible, as on the torch path
         has_nan = tl.max((x != x).to(tl.float32), axis=0) > 0
         scale = tl.where(has_nan, float("nan"), tl.where(scale == 0, 1.0, scale))
-        y = x / scale
+        y = tl.math.div_rn(x, scale)
         r = tl.where(y >= 0, tl.floor(y + 0.5), -tl.floor(-y + 0.5))
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)
         tl.store(q_ptr + offs, r.to(tl.int8), mask=inside)

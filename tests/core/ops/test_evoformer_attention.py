@@ -90,6 +90,17 @@ def test_forcing_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
         DS4Sci_EvoformerAttention(q, q, q, [], backend="triton")
 
 
+def test_forcing_triton_under_a_broken_interpreter_says_why(monkeypatch):
+    from deepspeed.ops import triton_support
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton_support, "triton_status", lambda: (True, "3.6.0"))
+    monkeypatch.setattr(triton_support, "interpreter_problem", lambda: "numpy refuses int() of arrays")
+    q = torch.randn(1, 2, 4, 2, 8)
+    with pytest.raises(RuntimeError, match="'triton' on a cpu tensor: numpy refuses int"):
+        DS4Sci_EvoformerAttention(q, q, q, [], backend="triton")
+
+
 @needs_triton
 def test_triton_kernels_under_the_interpreter():
     run_checks("evoformer_triton_checks", "cpu", interpret=True)

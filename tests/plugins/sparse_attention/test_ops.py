@@ -29,9 +29,10 @@ def _matmul_case(mode, trans_a, trans_b, block, dtype, backend="torch", device="
     grad = torch.randn(out.shape, generator=gen).to(dtype)
     ga, gb = (g.cpu() for g in torch.autograd.grad(out, (a, b), grad.to(device)))
     out = out.cpu()
-    # the reference runs in fp64 from the same inputs
+    # the reference runs on the host in fp64 from the same inputs (on the host: `grad` and the
+    # reference's layout masks live there, and the results are compared there)
     wide = torch.float64
-    a32, b32 = a.detach().to(wide).requires_grad_(), b.detach().to(wide).requires_grad_()
+    a32, b32 = (t.detach().cpu().to(wide).requires_grad_() for t in (a, b))
     want = reference(a32, b32)
     ra, rb = torch.autograd.grad(want, (a32, b32), grad.to(wide))
     return (out, want), (ga, ra), (gb, rb)
