@@ -9,21 +9,10 @@ import pytest
 import torch
 
 from deepspeed.sparse_attention.backend import triton_status
+from deepspeed.testing.triton import interpreter_problem
 
 HERE = Path(__file__).parent
 needs_triton = pytest.mark.skipif(not triton_status()[0], reason=f"{triton_status()[1]}")
-
-
-def interpreter_problem():
-    """Why this environment's Triton interpreter cannot run the kernels, or None: asked in a
-    process with ``TRITON_INTERPRET=1`` (read when Triton is imported). Some Triton releases'
-    interpreters break on the installed NumPy (see ``triton_support.interpreter_problem``);
-    that is not the kernels' fault, and the native GPU test still runs them."""
-    code = "from deepspeed.ops.triton_support import interpreter_problem as p; print(p() or '')"
-    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout.strip() or None
 
 
 def _run(device, interpret):
