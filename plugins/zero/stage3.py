@@ -28,6 +28,7 @@ from deepspeed.utils.nested import map_tensors
 from deepspeed.utils.z3_leaf_module import leaf_mark_edits, z3_leaf_module
 from deepspeed.zero.partition_parameters import (ZeroParamStatus, by_partitioner, gather_params,
                                                  is_zero_param, release_params)
+from deepspeed.zero.saved_views import SavedWeightViews
 
 EXTERNAL_PARAMS = "_ds_external_params"
 
@@ -196,6 +197,8 @@ class ParameterCoordinator:
         self.gathered_peak = 0  # most elements gathered at once (tests and tuning)
         self._prefetch_key = None  # what ``_prefetchable`` was decided for
         self._prefetchable = True
+        # saved views of gathered weights do not keep them whole until backward
+        self._saved_views = SavedWeightViews()
 
     def install(self):
         for module in self.module.modules():
@@ -217,10 +220,13 @@ class ParameterCoordinator:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._saved_views.unwind()
         _remove_attribute_watch()
 
     # ------------------------------------------------------------------ hooks
     def _pre_forward(self, module, args):
+        if module is self.module:  # a forward that raised may have left hooks entered
+            self._saved_views.unwind()
         self._running.append(module)
         if self._leaf is not None:  # under a leaf: the leaf gathered everything
             return
@@ -240,10 +246,12 @@ class ParameterCoordinator:
         for param in params:  # a parameter shared with an enclosing module stays whole
             param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather(params)
+        self._saved_views.enter(module, params)
 
     def _post_forward(self, module, args, output):
         if self._running and self._running[-1] is module:
             self._running.pop()
+        self._saved_views.exit(module)
         if self._leaf is not None:
             if self._leaf is not module:
                 return None
@@ -330,6 +338,7 @@ class ParameterCoordinator:
     def end_of_forward(self):
         """Called after each engine forward: the first one completes the trace."""
         self.trace_complete = True
+        self._saved_views.unwind()
         self._position = 0
         self._forward_lookahead.reset()
         self._started_at.clear()
