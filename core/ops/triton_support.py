@@ -33,9 +33,8 @@ def interpreter_problem():
     Triton 3.6's interpreter hands every scalar argument to the kernel as a 1-element numpy
     array and ``range()`` calls ``int()`` on it, which NumPy 2.4.6 and 2.5.2 refuse ("only
     0-dimensional arrays can be converted to Python scalars"; Triton 3.9 squeezes the array
-    first). Every
-    kernel here that loops over a sequence or a row count then fails under such an
-    interpreter, while the compiled kernels are unaffected. Only meaningful with
+    first). Every kernel here that loops over a sequence or a row count then fails under such
+    an interpreter, while the compiled kernels are unaffected. Only meaningful with
     ``TRITON_INTERPRET=1`` set before Triton was imported."""
     import torch
     import triton
@@ -77,12 +76,22 @@ def use_triton(tensor, backend, env_var, op):
     ok, why = triton_status()
     if backend == "auto":
         return ok and tensor.is_cuda
+    refuse_unrunnable_triton(tensor, op, (ok, why))
+    return True
+
+
+def refuse_unrunnable_triton(tensor, op, status):
+    """A forced ``triton`` backend of ``op`` that cannot run ``tensor`` here raises, saying why:
+    Triton missing (``status`` is ``triton_status()``'s pair, or a feature's own with its
+    install hint), a host tensor without the interpreter, or an interpreter that is broken."""
+    ok, why = status
     if not ok:
         raise RuntimeError(f"{op} backend 'triton' was asked for, but {why}")
-    if not tensor.is_cuda and not interpreter_on():
+    if tensor.is_cuda:
+        return
+    if not interpreter_on():
         raise RuntimeError(f"{op} backend 'triton' needs a CUDA tensor, or the Triton interpreter "
                            f"(TRITON_INTERPRET=1) for a {tensor.device} tensor")
-    if not tensor.is_cuda and interpreter_problem():
-        raise RuntimeError(f"{op} backend 'triton' on a {tensor.device} tensor: "
-                           f"{interpreter_problem()}")
-    return True
+    problem = interpreter_problem()
+    if problem:
+        raise RuntimeError(f"{op} backend 'triton' on a {tensor.device} tensor: {problem}")

@@ -14,6 +14,8 @@ without a GPU. ``DS_SPARSE_ATTENTION_BACKEND`` sets the default for a process.
 import importlib
 import os
 
+from deepspeed.ops.triton_support import refuse_unrunnable_triton
+
 BACKENDS = ("auto", "torch", "blocked", "triton")
 BACKEND_ENV = "DS_SPARSE_ATTENTION_BACKEND"
 
@@ -26,10 +28,6 @@ def triton_status():
         return False, (f"triton is not installed ({err}); install the extra: "
                        f"pip install 'deepspeed[sparse]'")
     return True, getattr(triton, "__version__", "unknown version")
-
-
-def interpreter_on():
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def check_backend(name):
@@ -48,16 +46,5 @@ def kernels_for(tensor, backend=None):
         backend = "triton" if tensor.is_cuda and triton_status()[0] else "torch"
     if backend in ("torch", "blocked"):
         return importlib.import_module("deepspeed.sparse_attention.torch_kernels")
-    ok, why = triton_status()
-    if not ok:
-        raise RuntimeError(f"sparse attention backend 'triton' was asked for, but {why}")
-    if not tensor.is_cuda and not interpreter_on():
-        raise RuntimeError(f"sparse attention backend 'triton' needs a CUDA tensor, or the Triton "
-                           f"interpreter (TRITON_INTERPRET=1) for a {tensor.device} tensor")
-    if not tensor.is_cuda:
-        from deepspeed.ops.triton_support import interpreter_problem
-
-        if interpreter_problem():
-            raise RuntimeError(f"sparse attention backend 'triton' on a {tensor.device} tensor: "
-                               f"{interpreter_problem()}")
+    refuse_unrunnable_triton(tensor, "sparse attention", triton_status())
     return importlib.import_module("deepspeed.sparse_attention.triton_kernels")

@@ -5,8 +5,8 @@ absmax, write one fp32 scale and the rounded integers (half away from zero, as t
 path). Both divisions are ``tl.math.div_rn`` (IEEE round-to-nearest, as torch's ``/``): Triton's
 ``/`` on fp32 compiles to the approximate ``div.full.f32`` on NVIDIA GPUs (up to 2 ulp off),
 which moved quotients near a .5 tie to the other integer, so the GPU's integers differed by one
-from the torch path's on some elements. Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the CPU test
-checks it against the torch path).
+from the torch path's on some elements. Runs on CUDA tensors, and on CPU tensors under
+``TRITON_INTERPRET=1`` (how the CPU test checks it against the torch path).
 """
 import torch
 

@@ -19,12 +19,12 @@ STEPS, GAS = 3, 2
 
 
 def _train_on_gpu(stage, zero, dtype_key):
-    """Train on the engine's device (inputs moved there, as a user's loop does); the result is
-    every parameter gathered whole on the host, where the engine kept its state, and the
-    backend and device it ran on."""
+    """Train on the engine's device with the CPU suite's loop; the result is every parameter
+    gathered whole on the host, where the engine kept its state, and the backend and device it
+    ran on."""
     import deepspeed
     from deepspeed import comm as dist
-    from zero_models import full_params, make_data, micro_batch
+    from zero_models import train
 
     config = ds_config(stage, GAS, **zero)
     if dtype_key:
@@ -33,16 +33,7 @@ def _train_on_gpu(stage, zero, dtype_key):
     with recording_pins() as pins:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model),
                                           config=config)
-    x, y = make_data(STEPS, GAS, 1)
-    dtype = torch.bfloat16 if dtype_key == "bf16" else torch.float32
-    for s in range(STEPS):
-        for m in range(GAS):
-            xb, yb = micro_batch(x, y, s, m, 0, GAS, 1)
-            out = engine(xb.to(engine.device, dtype))
-            loss = torch.nn.functional.mse_loss(out.float(), yb.to(engine.device))
-            engine.backward(loss)
-            engine.step()
-    params = {n: p.cpu() for n, p in full_params(engine.module).items()}
+    params = {n: p.cpu() for n, p in train(engine, STEPS, GAS).items()}
     where = placement(engine, pins) if stage else None  # stage 0 has no ZeRO masters
     return params, where, dist.get_backend(), str(engine.device)
 

@@ -95,7 +95,9 @@ def train(engine, steps, gas, first_step=0):
     for s in range(first_step, first_step + steps):
         for m in range(gas):
             xb, yb = micro_batch(x, y, s, m, rank, gas, world)
-            loss = torch.nn.functional.mse_loss(engine(xb.to(dtype)).float(), yb)
+            # inputs go where the engine runs (a no-op on CPU; the GPU test's device otherwise)
+            out = engine(xb.to(engine.device, dtype)).float()
+            loss = torch.nn.functional.mse_loss(out, yb.to(out.device))
             engine.backward(loss)
             engine.step()
     return full_params(engine.module)
