@@ -17,6 +17,7 @@ the errors to zero and keeps the masks of the param groups it was built with.
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.ops.optimizer_base import DeepSpeedOptimizer
 from deepspeed.onebit.compressed import CompressedAllreduce
 from deepspeed.onebit.transports import BACKENDS, make_transport
 
@@ -29,7 +30,7 @@ def check_positive_int(owner, **values):
             raise ValueError(f"{owner}: {key} must be a positive integer, got {value!r}")
 
 
-class OneBitOptimizer(torch.optim.Optimizer):
+class OneBitOptimizer(DeepSpeedOptimizer):
     """Base of ``OnebitAdam``, ``ZeroOneAdam`` and ``OnebitLamb`` (not used alone)."""
 
     def __init__(self, params, defaults, deepspeed=None, amsgrad=False, max_grad_norm=0.0,

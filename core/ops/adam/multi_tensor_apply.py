@@ -11,6 +11,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from deepspeed.ops.optimizer_base import DeepSpeedOptimizer
+
 HALF_AND_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -99,7 +101,7 @@ def per_group(argument, num_groups: int, what: str) -> list:
     return argument
 
 
-class MultiTensorOptimizer(torch.optim.Optimizer):
+class MultiTensorOptimizer(DeepSpeedOptimizer):
     """Base of FusedAdam, DeepSpeedCPUAdam, FusedLamb, the Lion and Adagrad optimizers.
 
     Subclasses set ``state_keys`` (the zero-initialised state tensors), ``per_param_step``
