@@ -223,10 +223,11 @@ class FlatAllreduceContestant:
 
 
 class ZeroContestant(EngineContestant):
-    """The engine with a ``zero_optimization`` section. Stages 0-2 step torch's AdamW
-    (``torch_adam: true``, DDP's optimizer, so the weights must match DDP); the CPU-offload
-    contestant steps the config's AdamW, which is DeepSpeedCPUAdam (offload refuses a torch
-    optimizer unless ``zero_force_ds_cpu_optimizer: false``)."""
+    """The engine with a ``zero_optimization`` section. Stages 0-3 step the optimizer that
+    ``--engine_optimizer`` picks (by default torch's AdamW, DDP's optimizer, so the weights must
+    match DDP's; ``config``: DeepSpeedCPUAdam, what a CPU user's ``AdamW`` gets); the CPU-offload
+    contestant always steps DeepSpeedCPUAdam (offload refuses a torch optimizer unless
+    ``zero_force_ds_cpu_optimizer: false``)."""
 
     stage, overlap_comm, offload, reduce_scatter = 0, False, False, True
 
@@ -239,8 +240,6 @@ class ZeroContestant(EngineContestant):
         if self.offload:
             zero["offload_optimizer"] = {"device": "cpu"}
             config["optimizer"]["params"].pop("torch_adam", None)
-        else:
-            config["optimizer"]["params"]["torch_adam"] = True
         config["zero_optimization"] = zero
         return config
 
