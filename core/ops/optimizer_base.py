@@ -15,9 +15,17 @@ import sys
 import torch
 
 
+# the code object of ``torch._disable_dynamo``'s wrapper: only that decorator is skipped, never
+# another one a torch version might put on the same methods
+_disable_dynamo = getattr(torch, "_disable_dynamo", None)
+_DISABLE_DYNAMO_CODE = _disable_dynamo(lambda: None).__code__ if _disable_dynamo else None
+
+
 def _torch_method(name):
     decorated = getattr(torch.optim.Optimizer, name)
-    undecorated = getattr(decorated, "__wrapped__", decorated)
+    undecorated = decorated
+    if _DISABLE_DYNAMO_CODE is not None and getattr(decorated, "__code__", None) is _DISABLE_DYNAMO_CODE:
+        undecorated = decorated.__wrapped__
 
     def method(self, *args, **kwargs):
         chosen = decorated if "torch._dynamo" in sys.modules else undecorated
