@@ -23,8 +23,9 @@ _DISABLE_DYNAMO_CODE = _disable_dynamo(lambda: None).__code__ if _disable_dynamo
 
 def _torch_method(name):
     decorated = getattr(torch.optim.Optimizer, name)
+    code = getattr(decorated, "__code__", None)
     undecorated = decorated
-    if _DISABLE_DYNAMO_CODE is not None and getattr(decorated, "__code__", None) is _DISABLE_DYNAMO_CODE:
+    if _DISABLE_DYNAMO_CODE is not None and code is _DISABLE_DYNAMO_CODE:
         undecorated = decorated.__wrapped__
 
     def method(self, *args, **kwargs):
