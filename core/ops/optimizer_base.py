@@ -10,6 +10,7 @@ rank, for nothing when no ``torch.compile`` runs. Our optimizers call torch's un
 while dynamo is not imported (it cannot be tracing the call then) and the decorated one as soon as
 it is, so under ``torch.compile`` nothing changes.
 """
+import functools
 import sys
 
 import torch
@@ -28,13 +29,11 @@ def _torch_method(name):
     if _DISABLE_DYNAMO_CODE is not None and code is _DISABLE_DYNAMO_CODE:
         undecorated = decorated.__wrapped__
 
+    @functools.wraps(undecorated)
     def method(self, *args, **kwargs):
         chosen = decorated if "torch._dynamo" in sys.modules else undecorated
         return chosen(self, *args, **kwargs)
 
-    method.__name__ = name
-    method.__qualname__ = f"DeepSpeedOptimizer.{name}"
-    method.__doc__ = decorated.__doc__
     return method
 
 
