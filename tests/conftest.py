@@ -16,6 +16,22 @@ import pytest
 # the `dist_pool` fixture: warm gloo worker pools shared by every multi-rank test
 pytest_plugins = ["deepspeed.testing.pytest_plugin"]
 
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """How pytest-xdist (`-n`, set in pyproject.toml) shares the suite among its processes: a test
+    file is one unit (so module fixtures, such as a Trainer run several tests read, run once), and
+    files marked `xdist_group(NAME)` form one unit (tests sharing a session fixture that must not
+    exist twice, such as the launcher's fake cluster of network namespaces)."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileOrGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid):
+            group = super()._split_scope(nodeid)  # the group name, else the whole node id
+            return group if group != nodeid else nodeid.split("::", 1)[0]
+
+    return FileOrGroupScheduling(config, log)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
