@@ -13,9 +13,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-# one FakeCluster (bridge + namespaces) per run: both multi-node files share one xdist worker
-pytestmark = pytest.mark.xdist_group("fake_cluster")
-
 DEMO = Path(__file__).parents[3] / "examples" / "train_demo.py"
 FORMS = ("pdsh", "mpich", "slurm", "no_ssh")
 # how long the job may take to end everywhere after one rank dies (the bound)

@@ -5,9 +5,6 @@ choose the ranks, and the probe on each rank records the node it ran on and its 
 """
 import pytest
 
-# one FakeCluster (bridge + namespaces) per run: both multi-node files share one xdist worker
-pytestmark = pytest.mark.xdist_group("fake_cluster")
-
 
 def _cases(h0, h1):
     """(launcher form, runner flags, [(node, CUDA_VISIBLE_DEVICES) of rank 0, 1, ...])."""
