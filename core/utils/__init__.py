@@ -1,11 +1,16 @@
 """Small shared helpers (`deepspeed.utils`).
 
-Only the logger loads eagerly: the launcher's per-node process (`deepspeed.launcher.launch`) and
-the rank guard log through it and never touch a tensor, so importing this package must not import
-torch (seconds of CPU in every launched job). The tensor helpers load on first use (PEP 562)."""
+The launcher's per-node process (`deepspeed.launcher.launch`) and the rank guard log through this
+package and never touch a tensor, so importing it must not import torch (seconds of CPU in every
+launched job): the tensor helpers load on first use (PEP 562). The ZeRO-3 leaf-module helpers load
+eagerly (their module imports no torch): the function `z3_leaf_module` shares its module's name,
+and a lazy binding would lose to the submodule once anything imported it."""
 import importlib
 
 from deepspeed.utils.logging import log_dist, logger
+from deepspeed.utils.z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules,
+                                            unset_z3_leaf_modules, z3_leaf_module,
+                                            z3_leaf_parameter)
 
 # public name -> module that defines it, imported on first access
 _LAZY = {
@@ -15,9 +20,6 @@ _LAZY = {
         "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
         "safe_set_full_fp32_param", "safe_set_full_optimizer_state", "safe_set_local_fp32_param",
         "safe_set_local_optimizer_state")},
-    **{name: "deepspeed.utils.z3_leaf_module" for name in (
-        "get_z3_leaf_modules", "set_z3_leaf_modules", "unset_z3_leaf_modules", "z3_leaf_module",
-        "z3_leaf_parameter")},
 }
 
 __all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", "safe_get_full_grad",
