@@ -16,6 +16,39 @@ import pytest
 # the `dist_pool` fixture: warm gloo worker pools shared by every multi-rank test
 pytest_plugins = ["deepspeed.testing.pytest_plugin"]
 
+
+# pytest-xdist (`-n 2 --dist loadfile`, set in pyproject.toml) hands each process whole test
+# files, so module fixtures (a Trainer run read by several tests) run once. These files start
+# jobs of several processes (launcher and Trainer runs) and take longest, longest first: they are
+# handed out first so that none is left running alone at the end. Only the order depends on this
+# list; a run without xdist (`-n 0`) keeps the usual order.
+RUN_FIRST_UNDER_XDIST = [
+    "tests/core/launcher/test_multinode_launch_e2e.py",
+    "tests/core/launcher/test_multinode_selection_e2e.py",
+    "tests/e2e/test_hf_trainer.py",
+    "tests/plugins/tensor_parallel/test_tp_hf_trainer.py",
+    "tests/plugins/sequence/test_sequence_hf_trainer.py",
+    "tests/plugins/autotuning/test_autotuning_launch.py",
+    "tests/e2e/test_hf_zero3_save_and_inference.py",
+    "tests/plugins/moe/test_moe_tensor_parallel.py",
+    "tests/plugins/inference/test_inference_autotp.py",
+    "tests/e2e/test_cli.py",
+    "tests/core/launcher/test_launch_e2e.py",
+    "tests/plugins/zero/test_zero_stage3.py",
+    "tests/plugins/zero/test_zero_mics.py",
+    "tests/plugins/moe/test_moe_universal.py",
+    "tests/e2e/test_hf_accelerate.py",
+    "tests/plugins/elasticity/test_elastic_launch.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # not an xdist worker
+        return
+    position = {path: i for i, path in enumerate(RUN_FIRST_UNDER_XDIST)}
+    items.sort(key=lambda item: position.get(item.nodeid.split("::", 1)[0], len(position)))
+
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -53,6 +53,10 @@ def parse_args(argv=None):
                         help="Verbosity of this launcher's own messages.")
     parser.add_argument("--dry_run", action="store_true",
                         help="Print each worker's environment and command, start nothing.")
+    parser.add_argument("--visible_devices_envs", type=str, default=None,
+                        help="Comma-separated variables that restrict a worker to its devices, "
+                             "as the runner's accelerator named them on this same node (so this "
+                             "process need not import torch); default: ask the accelerator.")
     parser.add_argument("training_script", type=str, help="The program each worker runs.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -85,8 +89,11 @@ def node_layout(world_info, node_rank):
     return list(world_info[hosts[node_rank]]), offset, world_size
 
 
-def visible_devices_envs():
-    """Names of the env vars that restrict a worker to its device(s), from the accelerator."""
+def visible_devices_envs(given=None):
+    """Names of the env vars that restrict a worker to its device(s): `given` (the runner's
+    --visible_devices_envs), else from the accelerator, which costs this process a torch import."""
+    if given:
+        return [name for name in given.split(",") if name]
     from deepspeed.accelerator import get_accelerator
 
     return list(get_accelerator().visible_devices_envs())
@@ -323,7 +330,7 @@ def main(argv=None):
         logger.setLevel(args.log_level.upper())
     base_env = dict(os.environ)
     try:
-        specs = build_worker_specs(args, base_env, visible_devices_envs())
+        specs = build_worker_specs(args, base_env, visible_devices_envs(args.visible_devices_envs))
         check_master_addr(decode_world_info(args.world_info), args.master_addr, args.master_port)
     except ValueError as err:
         print(f"deepspeed.launcher.launch: error: {err}", file=sys.stderr)

@@ -237,6 +237,8 @@ def local_launch_cmd(args, world_info, node_rank):
     cmd += launch_passthrough_flags(args)
     if args.save_pid:
         cmd.append(f"--save_pid={os.getpid()}")
+    if getattr(args, "visible_devices_envs", None):
+        cmd.append(f"--visible_devices_envs={','.join(args.visible_devices_envs)}")
     return cmd + [args.user_script] + list(args.user_args)
 
 
@@ -298,6 +300,9 @@ def resolve_resources(args, env):
                              f"(no hostfile at {args.hostfile or C.DLTS_HOSTFILE})")
         pool, local_default = local_resource_pool()
         pool_is_cpu = local_default is not None
+        # the per-node launcher will run on this node under this accelerator: tell it the names,
+        # so that it does not import torch to ask again
+        args.visible_devices_envs = list(_accelerator().visible_devices_envs())
     return pool, select_resources(args, pool, local_default, pool_is_cpu)
 
 
@@ -319,7 +324,8 @@ def _run_here(args, env, deepspeed_env, active, world_info, launcher_given):
         from deepspeed.launcher import launch
 
         launch_args = launch.parse_args(cmd[cmd.index("deepspeed.launcher.launch") + 1:])
-        specs = launch.build_worker_specs(launch_args, env, launch.visible_devices_envs())
+        specs = launch.build_worker_specs(launch_args, env,
+                                          launch.visible_devices_envs(launch_args.visible_devices_envs))
         _print_dry_run(cmd, deepspeed_env, [launch.format_spec(s) for s in specs])
         return 0
     return run_command(cmd, env)

@@ -33,7 +33,9 @@ from multiprocessing import connection
 
 from deepspeed.testing._worker import STACK_DUMP_SIGNAL, FunctionRef, worker_main
 
-DEFAULT_TIMEOUT = 60.0
+# A rank that is the first to use a JIT-built op compiles it (a minute or more on a loaded 2-core
+# machine, and the build must not be killed half-way); pytest-timeout still bounds the test.
+DEFAULT_TIMEOUT = 180.0
 START_TIMEOUT = 120.0
 # After one rank fails the others usually wait in a collective for it; this long is given to
 # ranks that are merely finishing before the pool is killed.
@@ -160,6 +162,9 @@ class DistributedPool:
             deadline = time.monotonic() + 10.0
             for proc in procs:
                 proc.join(max(0.0, deadline - time.monotonic()))
+        # what a rank started (a JIT build's ninja and compilers, a launcher) goes with it: an
+        # orphaned build would go on compiling next to the one the next test starts
+        descendants = _descendants(procs) if kill else []
         for proc in procs:
             if proc.is_alive():
                 proc.terminate()
@@ -168,6 +173,7 @@ class DistributedPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        _kill_all(descendants)
         for conn in conns:
             conn.close()
         if self._dump_dir is not None:
@@ -283,6 +289,29 @@ class DistributedPool:
                        if "_watch_parent" not in block]
             stacks[rank] = "\n\n".join(threads) or "(no stack dump arrived)"
         return stacks
+
+
+def _descendants(procs):
+    import psutil
+
+    found = []
+    for proc in procs:
+        try:
+            found += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:  # already gone
+            continue
+    return found
+
+
+def _kill_all(processes):
+    import psutil
+
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(processes, timeout=5.0)
 
 
 _contexts = {}

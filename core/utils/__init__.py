@@ -1,18 +1,26 @@
-"""Small shared helpers (`deepspeed.utils`)."""
+"""Small shared helpers (`deepspeed.utils`).
+
+The launcher's per-node process (`deepspeed.launcher.launch`) and the rank guard log through this
+package and never touch a tensor, so importing it must not import torch (seconds of CPU in every
+launched job): the tensor helpers load on first use (PEP 562). The ZeRO-3 leaf-module helpers load
+eagerly (their module imports no torch): the function `z3_leaf_module` shares its module's name,
+and a lazy binding would lose to the submodule once anything imported it."""
 import importlib
+
 from deepspeed.utils.logging import log_dist, logger
-from deepspeed.utils.repeating_loader import RepeatingLoader
-from deepspeed.utils.tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad,
-                                             safe_get_full_optimizer_state,
-                                             safe_get_local_fp32_param, safe_get_local_grad,
-                                             safe_get_local_optimizer_state,
-                                             safe_set_full_fp32_param,
-                                             safe_set_full_optimizer_state,
-                                             safe_set_local_fp32_param,
-                                             safe_set_local_optimizer_state)
 from deepspeed.utils.z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules,
                                             unset_z3_leaf_modules, z3_leaf_module,
                                             z3_leaf_parameter)
+
+# public name -> module that defines it, imported on first access
+_LAZY = {
+    "RepeatingLoader": "deepspeed.utils.repeating_loader",
+    **{name: "deepspeed.utils.tensor_fragment" for name in (
+        "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
+        "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
+        "safe_set_full_fp32_param", "safe_set_full_optimizer_state", "safe_set_local_fp32_param",
+        "safe_set_local_optimizer_state")},
+}
 
 __all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", "safe_get_full_grad",
            "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
@@ -32,8 +40,17 @@ def is_initialized() -> bool:
 
 
 def __getattr__(name):
-    """``deepspeed.utils.groups`` after a bare ``import deepspeed``, loaded on first use for the
-    same import-cycle reason as ``is_initialized``."""
+    """The tensor helpers above, and ``deepspeed.utils.groups`` after a bare ``import deepspeed``
+    (lazy for the same import-cycle reason as ``is_initialized``), loaded on first use."""
     if name == "groups":
         return importlib.import_module(f"{__name__}.groups")
-    raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

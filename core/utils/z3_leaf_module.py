@@ -8,8 +8,17 @@ would pair up wrongly or hang. Marking the MoE block as a *leaf* makes ZeRO-3 ga
 parameter under it when the block starts and release them when it ends, so all ranks issue the
 same collectives whatever their routers chose. The marker is a plain attribute: it costs
 nothing when ZeRO-3 is off, and it can be set before or after ``deepspeed.initialize``.
+
+torch appears only in annotations: ``deepspeed.utils`` imports this module eagerly (its function
+``z3_leaf_module`` shares the module's name, so it must be bound after the module is), and the
+launcher imports ``deepspeed.utils`` in processes that never touch a tensor.
 """
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 LEAF_ATTRIBUTE = "_z3_leaf"
 _EDITS = [0]  # bumped by every (un)marking: what ZeRO-3 decided per trace may have changed

@@ -100,3 +100,33 @@ def job(tmp_path, cluster, free_port):
     launch = Job(tmp_path, cluster, free_port, _clean_env())
     yield launch
     launch.cleanup()
+
+
+@pytest.fixture(scope="module")
+def shared_job(tmp_path_factory, cluster):
+    """`shared_job(key, start)`: a multi-node launch that several tests of a module read. The first
+    test asking for `key` runs `start(job)` on a fresh Job; later ones get that same Job back, so
+    one launch (seconds of process start-up on every node) serves each test's own assertions."""
+    from deepspeed.testing import find_free_port
+    from multinode_job import Job
+
+    jobs, outcomes = {}, {}
+
+    def get(key, start):
+        if key not in jobs:
+            job_ = Job(tmp_path_factory.mktemp(f"shared-{key}"), cluster, find_free_port(),
+                       _clean_env())
+            jobs[key] = job_
+            try:
+                start(job_)
+            except BaseException as exc:  # a failure, timeout or skip: every reader sees it
+                outcomes[key] = exc
+            finally:
+                job_.cleanup()
+        if key in outcomes:
+            raise outcomes[key]
+        return jobs[key]
+
+    yield get
+    for job_ in jobs.values():
+        job_.cleanup()

@@ -54,7 +54,7 @@ class FakeCluster:
         self.bin_dir.mkdir(parents=True, exist_ok=True)
         self.num_nodes = num_nodes
         self.use_netns = netns_available() if use_netns is None else use_netns
-        self.token = secrets.token_hex(2)
+        self.token = secrets.token_hex(3)  # interface names stay within 15 characters
         self.namespaces = {}
         self._links = []
         self._etc_dirs = []
@@ -79,8 +79,10 @@ class FakeCluster:
     # ---- network namespaces -------------------------------------------------------------------
     def _create_namespaces(self):
         used = _used_subnets()
-        subnet = next(f"10.{a}.{b}" for a in range(200, 250) for b in range(1, 255)
-                      if f"10.{a}.{b}" not in used)
+        # a random free one: two clusters made at once (pytest-xdist workers, or two checkouts
+        # testing on one machine) would otherwise both take the first free subnet
+        subnet = secrets.choice([f"10.{a}.{b}" for a in range(200, 250) for b in range(1, 255)
+                                 if f"10.{a}.{b}" not in used])
         prefix = f"dsm{self.token}"
         bridge = f"{prefix}br"
         self.hosts = [f"{subnet}.{i + 1}" for i in range(self.num_nodes)]

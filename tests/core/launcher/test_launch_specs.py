@@ -1,5 +1,7 @@
 """What the per-node launcher gives each worker, computed without starting anything."""
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -86,3 +88,16 @@ def test_exit_wording():
     assert launch.describe_exit(3) == "exited with code 3"
     assert launch.describe_exit(-signal.SIGKILL) == "was killed by signal 9 (SIGKILL)"
     assert launch.shell_exit_code(-9) == 137 and launch.shell_exit_code(3) == 3
+
+
+def test_named_device_variables_spare_the_per_node_launcher_a_torch_import():
+    """With --visible_devices_envs (what the runner passes on a local launch) the per-node
+    launcher sets those variables and never imports torch: it lives as long as the job."""
+    code = ("import sys\n"
+            "from deepspeed.launcher import launch\n"
+            f"assert launch.main(['--world_info={WORLD}', '--visible_devices_envs=A_VISIBLE,B_VISIBLE', "
+            "'--dry_run', 'train.py']) == 0\n"
+            "print('torch imported:', 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "A_VISIBLE=0,1 B_VISIBLE=0,1" in out.stdout and "torch imported: False" in out.stdout

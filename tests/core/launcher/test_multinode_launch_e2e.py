@@ -19,11 +19,22 @@ FORMS = ("pdsh", "mpich", "slurm", "no_ssh")
 RANK_DEATH_BOUND_S = 45
 
 
+def probe_then_demo(shared_job, form):
+    """One launch per form, shared by the two tests below: each rank records where it ran
+    (node_probe.py), then trains the README demo in the group it joined."""
+    def start(job):
+        job.codes = job.run(job.command(
+            form, ["node_probe.py", "--out", "out", "--then", DEMO, "--steps", 8, "--samples", 512,
+                   "--print_every", 4], job.hostfile()))
+
+    return shared_job(form, start)
+
+
 @pytest.mark.parametrize("form", FORMS)
-def test_two_nodes_train_the_demo(job, form):
+def test_two_nodes_train_the_demo(shared_job, form):
     """2 nodes x 1 rank join one gloo group and train the README demo, through each launcher."""
-    codes = job.run(job.command(form, [DEMO, "--steps", 8, "--samples", 512, "--print_every", 4],
-                                job.hostfile()))
+    job = probe_then_demo(shared_job, form)
+    codes = job.codes
     assert codes == [0] * len(codes), job.text[-6000:]
     assert "world size        : 2 (backend gloo)" in job.text, job.text[-6000:]
     assert "replicas identical: True" in job.text
@@ -31,8 +42,9 @@ def test_two_nodes_train_the_demo(job, form):
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_ranks_land_on_their_nodes(job, form):
-    codes = job.run(job.command(form, ["node_probe.py", "--out", "out"], job.hostfile()))
+def test_ranks_land_on_their_nodes(shared_job, form):
+    job = probe_then_demo(shared_job, form)
+    codes = job.codes
     assert codes == [0] * len(codes), job.text[-6000:]
     ranks = job.ranks()
     assert sorted(ranks) == [0, 1], job.text[-6000:]

@@ -55,7 +55,8 @@ def log_messages():
 def use_accelerator(monkeypatch, name, count, device_type=None):
     fake = FakeAccelerator(name, count, device_type)
     monkeypatch.setattr(runner, "_accelerator", lambda: fake)
-    monkeypatch.setattr(launch, "visible_devices_envs", fake.visible_devices_envs)
+    # the runner hands a local launch the names it got from its accelerator, which is the fake
+    monkeypatch.setattr(launch, "visible_devices_envs", lambda given=None: fake.visible_devices_envs())
 
 
 @pytest.fixture
@@ -126,6 +127,15 @@ def test_cpu_defaults_to_one_worker_per_numa_node(capsys, monkeypatch):
     _, cmd, workers = dry_run(capsys, "probe.py")
     assert decode_world_info(cmd[cmd.index("-m") + 2].split("=", 1)[1]) == {"localhost": [0]}
     assert len(workers) == 1 and "--master_addr=127.0.0.1" in cmd
+
+
+def test_local_launch_hands_its_device_variables_to_the_per_node_launcher(capsys, monkeypatch):
+    """The runner already asked the accelerator; the per-node launcher on the same node takes the
+    names from its command line instead of importing torch to ask again."""
+    use_accelerator(monkeypatch, "cpu", 1)
+    _, cmd, _ = dry_run(capsys, "probe.py")
+    assert "--visible_devices_envs=CUDA_VISIBLE_DEVICES" in cmd
+    assert cmd[-1] == "probe.py"
 
 
 def test_cpu_derived_third_party_accelerator_gets_the_cpu_pool(capsys, monkeypatch):

@@ -50,6 +50,18 @@ def _rank_hangs_on_1():
     return "done"
 
 
+def _rank_1_starts_a_child_and_hangs(pid_file):
+    import deepspeed.comm as dist
+
+    if dist.get_rank() == 1:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(pid_file, "w") as handle:
+            handle.write(str(child.pid))
+        while True:
+            time.sleep(0.05)
+    return "done"
+
+
 def _rank_crashes_on_1():
     import deepspeed.comm as dist
 
@@ -155,6 +167,21 @@ def test_a_hung_rank_is_killed_at_the_timeout(fast_pool):
     assert "in _rank_hangs_on_1" in message  # its stack
     assert info.value.unfinished == [1] and info.value.failures == {}
     assert fast_pool.run(_rank_getenv, args=("RANK",)) == ["0", "1"]
+
+
+def test_a_killed_rank_takes_what_it_started_along(fast_pool, tmp_path):
+    """A rank stopped at the timeout may be running a JIT build (ninja and compilers): left
+    running, it would compile beside the build the next test starts in the same directory."""
+    import psutil
+
+    pid_file = tmp_path / "child.pid"
+    with pytest.raises(DistributedTimeoutError):
+        fast_pool.run(_rank_1_starts_a_child_and_hangs, args=(str(pid_file),), timeout=5)
+    child = int(pid_file.read_text())
+    try:
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass  # gone, as it should be
 
 
 def test_a_crashed_rank_and_an_unpicklable_result_are_failures(fast_pool):
