@@ -15,8 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ("fused_adam", "inference", "zero_offload", "transformer", "sparse_attention",
          "evoformer", "zeropp_kernels", "tests")
-BENCHES = {"fused_adam", "inference", "zero_offload", "transformer_kernel", "sparse_attention",
-           "evoformer", "zeropp_kernels"}
+BENCHES = {"fused_adam", "fused_lamb", "inference", "zero_offload", "transformer_kernel",
+           "sparse_attention", "evoformer", "zeropp_kernels"}
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,

@@ -200,14 +200,13 @@ def main(argv=None):
     print(f"{args.params} tensors, {total / 1e6:.1f}M elements, "
           f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}, "
           f"median of {args.steps} steps")
-    figures, targets = {"copy_gbs": copy_gbs()}, {}
-    for dtype_name in args.dtype:
+    copy = copy_gbs()
+    for dtype_name in args.dtype:  # one record each: a step cut short keeps the dtypes done
         found, met = bench_adam(args, dtype_name, device, op)
-        figures.update({f"{dtype_name}_{k}": v for k, v in found.items()})
-        targets.update(met)
+        emit(args.json, "fused_adam", dict({f"{dtype_name}_{k}": v for k, v in found.items()},
+                                           copy_gbs=copy), met, dry_run=args.dry_run)
     if args.lamb:
-        figures.update(bench_lamb(args, device))
-    emit(args.json, "fused_adam", figures, targets, dry_run=args.dry_run)
+        emit(args.json, "fused_lamb", bench_lamb(args, device), dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

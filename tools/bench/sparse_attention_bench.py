@@ -148,8 +148,8 @@ def main(argv=None):
         kinds.insert(-1, "flex")
     print(f"{'seq':>6} {'block':>5} {'density':>8} {'target':>7} {'path':>8} {'time s':>8} "
           f"{'first s':>8} {'ratio':>6} {'peak MiB':>9}")
-    figures, targets = {}, {}
-    for seq in args.seqs:
+    for seq in args.seqs:  # one record per length: a step cut short keeps the lengths done
+        figures, targets = {}, {}
         dense = run("dense", seq, args.repeats, args.attention, args.block[0], args.device)
         if "error" not in dense:
             figures[f"s{seq}_dense_ms"] = dense["time_s"] * 1e3
@@ -177,7 +177,7 @@ def main(argv=None):
         if "error" not in dense:
             print(f"{seq:>6} {'':>5} {1.0:>8.3f} {'':>7} {'dense':>8} {dense['time_s']:>8.4f} "
                   f"{dense['first_s']:>8.3f} {1.0:>6.2f} {dense['peak_extra_mib']:>9.0f}")
-    emit(args.json, "sparse_attention", figures, targets, dry_run=args.dry_run)
+        emit(args.json, "sparse_attention", figures, targets, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":
