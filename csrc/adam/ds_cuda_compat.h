@@ -34,30 +34,24 @@ DS_HD __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <>
 DS_HD __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// The thread a host harness emulates (index in its block, threads per block).
-struct HostLane {
-    int index = 0;
-    int count = 1;
+// A thread's index in its block and the block's thread count.
+struct Lane {
+    int64_t index = 0;
+    int64_t count = 1;
 };
-inline HostLane& host_lane() {
-    static thread_local HostLane lane;
+
+// The thread a host harness emulates.
+inline Lane& host_lane() {
+    static thread_local Lane lane;
     return lane;
 }
 
-// The calling thread's index in its block and the block's thread count: CUDA's built-ins on
-// the device, the emulated thread on the host.
-DS_HD int64_t lane_index() {
+// The calling thread: CUDA's built-ins on the device, the emulated thread on the host.
+DS_HD Lane this_lane() {
 #ifdef __CUDA_ARCH__
-    return threadIdx.x;
+    return Lane{threadIdx.x, blockDim.x};
 #else
-    return host_lane().index;
-#endif
-}
-DS_HD int64_t lane_count() {
-#ifdef __CUDA_ARCH__
-    return blockDim.x;
-#else
-    return host_lane().count;
+    return host_lane();
 #endif
 }
 
@@ -119,7 +113,8 @@ DS_HD void for_each_run(const void* const (&ptrs)[K], const int (&bytes)[K], int
             break;
         }
     }
-    const int64_t lane = lane_index(), stride = lane_count();
+    const Lane self = this_lane();
+    const int64_t lane = self.index, stride = self.count;
     const int64_t vectors = (n - head) / V;
     for (int64_t i = lane; i < head; i += stride) body(Width<1>{}, i);
     for (int64_t j = lane; j < vectors; j += stride) body(Width<V>{}, head + j * V);

@@ -105,7 +105,7 @@ struct LambApplyOp {
         float coeff = 1.f;
         if (p_norm > 0.f && u_norm > 0.f)
             coeff = fminf(fmaxf(p_norm / u_norm, min_coeff), max_coeff);
-        if (offset == 0 && lane_index() == 0) coeffs[id] = coeff;
+        if (offset == 0 && this_lane().index == 0) coeffs[id] = coeff;
         const float scale = step_size * coeff;
         const void* const arrays[2] = {p, u};
         const int bytes[2] = {sizeof(T), sizeof(float)};

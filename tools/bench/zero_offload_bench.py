@@ -65,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--nvme_dir", default=None,
                    help="swap directory for NVMe offload (default: a fresh one under the "
                         "system temp dir, i.e. the machine's local disk)")
+    p.add_argument("--host_gib", type=float, default=None,
+                   help="host RAM to plan with when the machine reports less available (a VM "
+                        "whose memory grows as it is used); default: what psutil reports")
     p.add_argument("--budget", type=float, default=600,
                    help="seconds: runs that would start after this are skipped, and said so")
     p.add_argument("--nvme", action="store_true",
@@ -252,8 +255,9 @@ def machine(args):
     import psutil
     import torch
 
-    info = {"host_available": psutil.virtual_memory().available,
-            "host_total": psutil.virtual_memory().total,
+    available = psutil.virtual_memory().available
+    info = {"host_available": max(available, (args.host_gib or 0) * 2**30),
+            "host_reported_available": available, "host_total": psutil.virtual_memory().total,
             "disk_free": shutil.disk_usage(args.nvme_dir).free}
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
