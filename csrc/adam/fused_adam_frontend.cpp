@@ -1,5 +1,6 @@
 // Python binding of the multi-tensor Adam kernel: validates the tensor lists (the kernel trusts
 // raw pointers), gathers pointers and sizes, and launches on torch's current CUDA stream.
+// Params and grads share one dtype; the moments share the params' dtype or are float32.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -7,10 +8,11 @@
 #include <vector>
 
 namespace ds_optim {
-const char* launch_multi_tensor_adam(int dtype, int64_t chunk_size, int num_tensors,
-                                     void* const* const* lists, const int64_t* sizes, double lr,
-                                     double beta1, double beta2, double eps, int64_t step,
-                                     bool adamw_mode, bool bias_correction, double weight_decay,
+const char* launch_multi_tensor_adam(int dtype, int state_dtype, int64_t min_share,
+                                     int num_tensors, void* const* const* lists,
+                                     const int64_t* sizes, double lr, double beta1, double beta2,
+                                     double eps, int64_t step, bool adamw_mode,
+                                     bool bias_correction, double weight_decay,
                                      cudaStream_t stream);
 }
 
@@ -32,6 +34,7 @@ const char* kListNames[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
 
 }  // namespace
 
+// chunk_size: the fewest elements a block of the kernel takes (a small update uses fewer blocks)
 void multi_tensor_adam(int64_t chunk_size, const std::vector<std::vector<at::Tensor>>& lists,
                        double lr, double beta1, double beta2, double eps, int64_t step,
                        int64_t mode, bool bias_correction, double weight_decay) {
@@ -43,6 +46,10 @@ void multi_tensor_adam(int64_t chunk_size, const std::vector<std::vector<at::Ten
     if (n == 0) return;
     const at::Tensor& first = lists[0][0];
     const int code = dtype_code(first.scalar_type());
+    const at::ScalarType state_type = lists[2][0].scalar_type();
+    TORCH_CHECK(state_type == first.scalar_type() || state_type == at::kFloat,
+                "multi_tensor_adam: exp_avgs[0] has dtype ", state_type, "; the moments must "
+                "have the params' dtype (", first.scalar_type(), ") or float32");
     std::vector<void*> ptrs[4];
     std::vector<int64_t> sizes(n);
     for (int d = 0; d < 4; ++d) {
@@ -54,9 +61,9 @@ void multi_tensor_adam(int64_t chunk_size, const std::vector<std::vector<at::Ten
             TORCH_CHECK(t.is_cuda() && t.device() == first.device(), "multi_tensor_adam: ",
                         kListNames[d], "[", i, "] is on ", t.device(), ", expected ",
                         first.device());
-            TORCH_CHECK(t.scalar_type() == first.scalar_type(), "multi_tensor_adam: ",
-                        kListNames[d], "[", i, "] has dtype ", t.scalar_type(), ", expected ",
-                        first.scalar_type());
+            const at::ScalarType expected = d < 2 ? first.scalar_type() : state_type;
+            TORCH_CHECK(t.scalar_type() == expected, "multi_tensor_adam: ", kListNames[d], "[",
+                        i, "] has dtype ", t.scalar_type(), ", expected ", expected);
             TORCH_CHECK(t.is_contiguous(), "multi_tensor_adam: ", kListNames[d], "[", i,
                         "] is not contiguous");
             TORCH_CHECK(t.numel() == lists[0][i].numel(), "multi_tensor_adam: ", kListNames[d],
@@ -69,8 +76,9 @@ void multi_tensor_adam(int64_t chunk_size, const std::vector<std::vector<at::Ten
     void* const* table[4] = {ptrs[0].data(), ptrs[1].data(), ptrs[2].data(), ptrs[3].data()};
     const c10::cuda::CUDAGuard guard(first.device());
     const char* err = ds_optim::launch_multi_tensor_adam(
-        code, chunk_size, static_cast<int>(n), table, sizes.data(), lr, beta1, beta2, eps, step,
-        mode == 1, bias_correction, weight_decay, c10::cuda::getCurrentCUDAStream().stream());
+        code, dtype_code(state_type), chunk_size, static_cast<int>(n), table, sizes.data(), lr,
+        beta1, beta2, eps, step, mode == 1, bias_correction, weight_decay,
+        c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == nullptr, "multi_tensor_adam: ", err == nullptr ? "" : err);
 }
 

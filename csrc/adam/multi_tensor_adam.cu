@@ -1,101 +1,120 @@
-// Adam / AdamW over lists of (param, grad, exp_avg, exp_avg_sq) tensors of one dtype, computed in
-// fp32 registers whatever the storage type:
+// Adam / AdamW over lists of (param, grad, exp_avg, exp_avg_sq) tensors, computed in fp32
+// registers whatever the storage type:
 //   L2 (mode 0):          g = g + wd*p                          (before the moments)
 //   m = b1*m + (1-b1)*g   v = b2*v + (1-b2)*g^2
 //   decoupled (mode 1):   p = p - lr*wd*p
 //   p = p - lr/bias1 * m / (sqrt(v)/sqrt(bias2) + eps)
 // The bias corrections are computed on the host in double (1 without bias correction).
+// Params and grads share one type T (fp32, fp16 or bf16); the moments are T too, or fp32 for
+// 16-bit params (fp32 state keeps small updates that a 16-bit moment would round away).
 #include "ds_cuda_compat.h"
 #include "multi_tensor_apply.cuh"
 
 namespace ds_optim {
-namespace {
 
-template <typename T>
-struct AdamOp {
+struct AdamHyper {
     float lr, beta1, beta2, eps, step_size, bias2_sqrt, weight_decay;
     int adamw_mode;
 
-    // kIlp elements per thread per round, loaded into registers before any is computed, so
-    // each thread keeps several independent loads in flight (one at a time left the H200's
-    // memory system a third idle: 1.68 ms against torch's fused AdamW's 1.34 ms on 104M fp32);
-    // element i + k * blockDim.x keeps every load and store coalesced across the warp
-    static constexpr int kIlp = 4;
-
-    __device__ void operator()(void* const* ptrs, int64_t offset, int64_t n, int) const {
-        T* p = static_cast<T*>(ptrs[0]) + offset;
-        const T* g = static_cast<const T*>(ptrs[1]) + offset;
-        T* m = static_cast<T*>(ptrs[2]) + offset;
-        T* v = static_cast<T*>(ptrs[3]) + offset;
-        const int64_t stride = static_cast<int64_t>(blockDim.x);
-        for (int64_t start = 0; start < n; start += stride * kIlp) {
-            float pf[kIlp], gf[kIlp], mf[kIlp], vf[kIlp];
-#pragma unroll
-            for (int k = 0; k < kIlp; ++k) {
-                const int64_t i = start + threadIdx.x + k * stride;
-                const bool in = i < n;
-                pf[k] = in ? to_float(p[i]) : 0.f;
-                gf[k] = in ? to_float(g[i]) : 0.f;
-                mf[k] = in ? to_float(m[i]) : 0.f;
-                vf[k] = in ? to_float(v[i]) : 0.f;
-            }
-#pragma unroll
-            for (int k = 0; k < kIlp; ++k) {
-                if (!adamw_mode && weight_decay != 0.f) gf[k] += weight_decay * pf[k];
-                mf[k] = beta1 * mf[k] + (1.f - beta1) * gf[k];
-                vf[k] = beta2 * vf[k] + (1.f - beta2) * gf[k] * gf[k];
-                const float denom = sqrtf(vf[k]) / bias2_sqrt + eps;
-                if (adamw_mode && weight_decay != 0.f) pf[k] *= 1.f - lr * weight_decay;
-                pf[k] -= step_size * mf[k] / denom;
-            }
-#pragma unroll
-            for (int k = 0; k < kIlp; ++k) {
-                const int64_t i = start + threadIdx.x + k * stride;
-                if (i < n) {
-                    p[i] = from_float<T>(pf[k]);
-                    m[i] = from_float<T>(mf[k]);
-                    v[i] = from_float<T>(vf[k]);
-                }
-            }
-        }
+    // One element's update, in the order of operations the PyTorch path and torch's fused
+    // AdamW use (tests compare to them within fp32 rounding).
+    DS_HD void update(float& p, float g, float& m, float& v) const {
+        if (!adamw_mode && weight_decay != 0.f) g += weight_decay * p;
+        m = beta1 * m + (1.f - beta1) * g;
+        v = beta2 * v + (1.f - beta2) * g * g;
+        const float denom = sqrtf(v) / bias2_sqrt + eps;
+        if (adamw_mode && weight_decay != 0.f) p *= 1.f - lr * weight_decay;
+        p -= step_size * m / denom;
     }
 };
 
-template <typename T>
-const char* launch_typed(int64_t chunk_size, int num_tensors, void* const* const* lists,
-                         const int64_t* sizes, const AdamOp<float>& hp, cudaStream_t stream) {
-    AdamOp<T> op{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.step_size, hp.bias2_sqrt,
-                 hp.weight_decay, hp.adamw_mode};
-    return multi_tensor_apply<4>(chunk_size, num_tensors, lists, sizes, stream, op);
+template <typename T, typename S>
+struct AdamOp {
+    AdamHyper hp;
+
+    // Elements per vector: 16 bytes of the narrower type (4 fp32, 8 bf16/fp16; fp32 moments of
+    // 16-bit params then take two 16-byte words each). One vector of every list per thread per
+    // round: with 1024 resident threads per SM that keeps 64-96 KB per SM in flight, over the
+    // ~35 KB HBM3 needs to run at full rate (4.3 TB/s x ~1 us / 132 SMs); two vectors per round
+    // spilled registers at the 64 that two resident blocks allow.
+    static constexpr int kVec = 16 / (sizeof(T) < sizeof(S) ? sizeof(T) : sizeof(S));
+
+    DS_HD void operator()(void* const* ptrs, int64_t offset, int64_t n, int) const {
+        T* p = static_cast<T*>(ptrs[0]) + offset;
+        const T* g = static_cast<const T*>(ptrs[1]) + offset;
+        S* m = static_cast<S*>(ptrs[2]) + offset;
+        S* v = static_cast<S*>(ptrs[3]) + offset;
+        const void* const arrays[4] = {p, g, m, v};
+        const int bytes[4] = {sizeof(T), sizeof(T), sizeof(S), sizeof(S)};
+        for_each_run<kVec>(arrays, bytes, n, [&](auto width, int64_t i) {
+            constexpr int N = decltype(width)::value;
+            float pf[N], gf[N], mf[N], vf[N];
+            load_vec(p + i, pf);
+            load_vec(g + i, gf);
+            load_vec(m + i, mf);
+            load_vec(v + i, vf);
+#pragma unroll
+            for (int k = 0; k < N; ++k) hp.update(pf[k], gf[k], mf[k], vf[k]);
+            store_vec(p + i, pf);
+            store_vec(m + i, mf);
+            store_vec(v + i, vf);
+        });
+    }
+};
+
+template <typename T, typename S>
+const char* launch_adam(int64_t min_share, int num_tensors, void* const* const* lists,
+                         const int64_t* sizes, const AdamHyper& hp, cudaStream_t stream) {
+    return multi_tensor_apply<4>(min_share, num_tensors, lists, sizes, stream, AdamOp<T, S>{hp});
 }
 
-}  // namespace
+template <typename T>
+const char* launch_adam_state(int state_dtype, int64_t min_share, int num_tensors,
+                         void* const* const* lists, const int64_t* sizes, const AdamHyper& hp,
+                         cudaStream_t stream) {
+    if (state_dtype == static_cast<int>(DType::kFloat32))
+        return launch_adam<T, float>(min_share, num_tensors, lists, sizes, hp, stream);
+    return launch_adam<T, T>(min_share, num_tensors, lists, sizes, hp, stream);
+}
 
-// lists: 4 arrays (params, grads, exp_avgs, exp_avg_sqs) of num_tensors device pointers.
-// Returns nullptr on success, else an error message.
-const char* launch_multi_tensor_adam(int dtype, int64_t chunk_size, int num_tensors,
-                                     void* const* const* lists, const int64_t* sizes, double lr,
-                                     double beta1, double beta2, double eps, int64_t step,
-                                     bool adamw_mode, bool bias_correction, double weight_decay,
-                                     cudaStream_t stream) {
-    if (chunk_size <= 0) return "multi_tensor_adam: chunk_size must be positive";
-    if (step <= 0) return "multi_tensor_adam: step must be >= 1";
+// The kernel's fp32 hyper-parameters; the bias corrections are computed in double.
+AdamHyper adam_hyper(double lr, double beta1, double beta2, double eps, int64_t step,
+                     bool adamw_mode, bool bias_correction, double weight_decay) {
     double bias1 = 1.0, bias2 = 1.0;
     if (bias_correction) {
         bias1 = 1.0 - pow(beta1, static_cast<double>(step));
         bias2 = 1.0 - pow(beta2, static_cast<double>(step));
     }
-    AdamOp<float> hp{static_cast<float>(lr), static_cast<float>(beta1),
+    return AdamHyper{static_cast<float>(lr), static_cast<float>(beta1),
                      static_cast<float>(beta2), static_cast<float>(eps),
                      static_cast<float>(lr / bias1), static_cast<float>(sqrt(bias2)),
                      static_cast<float>(weight_decay), adamw_mode ? 1 : 0};
+}
+
+// lists: 4 arrays (params, grads, exp_avgs, exp_avg_sqs) of num_tensors device pointers; the
+// moments are of `state_dtype`: the params' dtype, or float32. min_share: the fewest elements
+// a block is given. Returns nullptr on success, else an error message.
+const char* launch_multi_tensor_adam(int dtype, int state_dtype, int64_t min_share,
+                                     int num_tensors, void* const* const* lists,
+                                     const int64_t* sizes, double lr, double beta1, double beta2,
+                                     double eps, int64_t step, bool adamw_mode,
+                                     bool bias_correction, double weight_decay,
+                                     cudaStream_t stream) {
+    if (min_share <= 0) return "multi_tensor_adam: chunk_size must be positive";
+    if (step <= 0) return "multi_tensor_adam: step must be >= 1";
+    if (state_dtype != dtype && state_dtype != static_cast<int>(DType::kFloat32))
+        return "multi_tensor_adam: the moments must have the params' dtype or float32";
+    const AdamHyper hp =
+        adam_hyper(lr, beta1, beta2, eps, step, adamw_mode, bias_correction, weight_decay);
     switch (static_cast<DType>(dtype)) {
         case DType::kFloat32:
-            return launch_typed<float>(chunk_size, num_tensors, lists, sizes, hp, stream);
+            return launch_adam<float, float>(min_share, num_tensors, lists, sizes, hp, stream);
         case DType::kFloat16:
-            return launch_typed<__half>(chunk_size, num_tensors, lists, sizes, hp, stream);
+            return launch_adam_state<__half>(state_dtype, min_share, num_tensors, lists, sizes,
+                                             hp, stream);
         case DType::kBFloat16:
-            return launch_typed<__nv_bfloat16>(chunk_size, num_tensors, lists, sizes, hp, stream);
+            return launch_adam_state<__nv_bfloat16>(state_dtype, min_share, num_tensors, lists,
+                                                    sizes, hp, stream);
     }
     return "multi_tensor_adam: unsupported dtype code (allowed: float32, float16, bfloat16)";
 }

@@ -1,5 +1,6 @@
 // Python binding of the fused LAMB kernel: validates the tensor lists, allocates the fp32 update
 // scratch and the per-tensor norm accumulators, and launches on torch's current CUDA stream.
+// Params and grads share one dtype; the moments share the params' dtype or are float32.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -7,7 +8,8 @@
 #include <vector>
 
 namespace ds_optim {
-const char* launch_fused_lamb(int dtype, int64_t chunk_size, int num_tensors,
+int64_t fused_lamb_scratch_elements(int num_tensors, const int64_t* sizes);
+const char* launch_fused_lamb(int dtype, int state_dtype, int64_t min_share, int num_tensors,
                               void* const* const* lists, const int64_t* sizes,
                               float* updates_base, float* norms_sq, float* coeffs, double lr,
                               double beta1, double beta2, double eps, bool eps_inside_sqrt,
@@ -18,7 +20,8 @@ const char* launch_fused_lamb(int dtype, int64_t chunk_size, int num_tensors,
 
 namespace {
 
-constexpr int64_t kChunkSize = 65536;
+// The fewest elements a block is given (a small update uses fewer blocks).
+constexpr int64_t kMinShare = 16384;
 const char* kListNames[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
 
 int dtype_code(const at::ScalarType t) {
@@ -47,13 +50,14 @@ at::Tensor lamb(const std::vector<at::Tensor>& params, const std::vector<at::Ten
     TORCH_CHECK(n > 0, "fused_lamb: params is empty");
     const at::Tensor& first = params[0];
     const int code = dtype_code(first.scalar_type());
+    TORCH_CHECK(!exp_avgs.empty(), "fused_lamb: exp_avgs is empty");
+    const at::ScalarType state_type = exp_avgs[0].scalar_type();
+    TORCH_CHECK(state_type == first.scalar_type() || state_type == at::kFloat,
+                "fused_lamb: exp_avgs[0] has dtype ", state_type, "; the moments must have the "
+                "params' dtype (", first.scalar_type(), ") or float32");
     std::vector<void*> ptrs[4];
     std::vector<int64_t> sizes(n);
-    int64_t total = 0;
-    for (size_t i = 0; i < n; ++i) {
-        sizes[i] = params[i].numel();
-        total += sizes[i];
-    }
+    for (size_t i = 0; i < n; ++i) sizes[i] = params[i].numel();
     for (int d = 0; d < 4; ++d) {
         TORCH_CHECK(lists[d]->size() == n, "fused_lamb: ", kListNames[d], " has ",
                     lists[d]->size(), " tensors, params has ", n);
@@ -63,9 +67,9 @@ at::Tensor lamb(const std::vector<at::Tensor>& params, const std::vector<at::Ten
             TORCH_CHECK(t.is_cuda() && t.device() == first.device(), "fused_lamb: ",
                         kListNames[d], "[", i, "] is on ", t.device(), ", expected ",
                         first.device());
-            TORCH_CHECK(t.scalar_type() == first.scalar_type(), "fused_lamb: ", kListNames[d],
-                        "[", i, "] has dtype ", t.scalar_type(), ", expected ",
-                        first.scalar_type());
+            const at::ScalarType expected = d < 2 ? first.scalar_type() : state_type;
+            TORCH_CHECK(t.scalar_type() == expected, "fused_lamb: ", kListNames[d], "[", i,
+                        "] has dtype ", t.scalar_type(), ", expected ", expected);
             TORCH_CHECK(t.is_contiguous(), "fused_lamb: ", kListNames[d], "[", i,
                         "] is not contiguous");
             TORCH_CHECK(t.numel() == sizes[i], "fused_lamb: ", kListNames[d], "[", i, "] has ",
@@ -75,15 +79,18 @@ at::Tensor lamb(const std::vector<at::Tensor>& params, const std::vector<at::Ten
     }
     const c10::cuda::CUDAGuard guard(first.device());
     const auto fp32 = first.options().dtype(at::kFloat);
-    at::Tensor updates = at::empty({total}, fp32);
+    // torch's allocator returns blocks aligned far beyond the 32 bytes the kernel needs
+    const int64_t scratch = ds_optim::fused_lamb_scratch_elements(static_cast<int>(n),
+                                                                  sizes.data());
+    at::Tensor updates = at::empty({scratch}, fp32);
     at::Tensor norms_sq = at::zeros({2 * static_cast<int64_t>(n)}, fp32);
     at::Tensor coeffs = at::ones({static_cast<int64_t>(n)}, fp32);
     void* const* table[4] = {ptrs[0].data(), ptrs[1].data(), ptrs[2].data(), ptrs[3].data()};
     const char* err = ds_optim::launch_fused_lamb(
-        code, kChunkSize, static_cast<int>(n), table, sizes.data(), updates.data_ptr<float>(),
-        norms_sq.data_ptr<float>(), coeffs.data_ptr<float>(), lr, beta1, beta2, eps,
-        eps_inside_sqrt, step, bias_correction, weight_decay, max_coeff, min_coeff, grad_scale,
-        c10::cuda::getCurrentCUDAStream().stream());
+        code, dtype_code(state_type), kMinShare, static_cast<int>(n), table, sizes.data(),
+        updates.data_ptr<float>(), norms_sq.data_ptr<float>(), coeffs.data_ptr<float>(), lr,
+        beta1, beta2, eps, eps_inside_sqrt, step, bias_correction, weight_decay, max_coeff,
+        min_coeff, grad_scale, c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == nullptr, "fused_lamb: ", err == nullptr ? "" : err);
     return coeffs;
 }

@@ -6,7 +6,8 @@
 tensor-parallel Linear layers, ``vocab_parallel`` the split embedding and LM head, ``sharding``
 how a rank's slice is chosen, ``checkpoint`` ``checkpoint=`` loading into shards, ``quantize``
 weight-only int8, ``moe_inference`` the ``moe`` settings and expert slicing, ``kernel_inject``
-the fused path; ``deepspeed.module_inject`` re-exports AutoTP and the layers under their
+the fused path, ``cuda_graph`` ``enable_cuda_graph``; ``deepspeed.module_inject`` re-exports
+AutoTP and the layers under their
 upstream paths."""
 
 from deepspeed.utils.lazy_exports import lazy_exports

@@ -4,7 +4,7 @@ It converts the model to the configured dtype, splits it over the tensor-paralle
 (AutoTP, or the user's ``injection_policy``), and then runs it: ``engine(...)`` is
 ``engine.module(...)``, ``engine.generate(...)`` is the module's ``generate``.
 
-Policies of this build (no CUDA graphs on CPU):
+Policies of this build:
 
 - dtype: the documented default is fp16. On the CPU accelerator (or one without fp16 support)
   the *default* fp16 keeps the model's own dtype and logs one line saying so, so that
@@ -16,6 +16,8 @@ Policies of this build (no CUDA graphs on CPU):
   (``deepspeed.inference.kernel_inject``); on CPU AutoTP + SDPA with one log line.
 - distributed: a process group is started (``deepspeed.comm.init_distributed``) only when
   ``tp_size > 1`` needs one; a single-process engine never starts one.
+- ``enable_cuda_graph=True`` (GPU only, refused on CPU): ``engine(...)`` and greedy
+  ``engine.generate(...)`` replay captured CUDA graphs (``deepspeed.inference.cuda_graph``).
 """
 import torch
 from torch import nn
@@ -25,6 +27,7 @@ from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_fro
                                          shard_model)
 from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum
+from deepspeed.inference.cuda_graph import CudaGraphs, refuse_without_cuda
 from deepspeed.inference.kernel_inject import inject
 from deepspeed.inference.moe_inference import (prepare_moe, shard_stacked_experts,
                                                slice_experts)
@@ -67,6 +70,7 @@ class InferenceEngine(nn.Module):
         if config.dtype is DtypeEnum.int8:
             self.quantized = quantize_model(self.module, config.quant)
         self.module.eval()
+        self.cuda_graphs = CudaGraphs(self.module) if config.enable_cuda_graph else None
 
     @property
     def config(self):
@@ -86,6 +90,8 @@ class InferenceEngine(nn.Module):
         if config.enable_cuda_graph and config.tensor_parallel.tp_size > 1:
             raise AssertionError("CUDA graphs are not supported with tensor parallelism "
                                  "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")
+        if config.enable_cuda_graph:
+            refuse_without_cuda()
 
     def _convert_dtype(self, config, explicit):
         from deepspeed.accelerator import get_accelerator
@@ -149,6 +155,8 @@ class InferenceEngine(nn.Module):
 
     # ------------------------------------------------------------------ running
     def forward(self, *inputs, **kwargs):
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.forward(inputs, kwargs)
         return self.module(*inputs, **kwargs)
 
     def generate(self, *inputs, **kwargs):
@@ -161,4 +169,6 @@ class InferenceEngine(nn.Module):
         if torch.is_tensor(ids) and ids.dim() >= 1 and ids.shape[-1] > self._config.max_out_tokens:
             raise RuntimeError(f"input of {ids.shape[-1]} tokens is longer than max_out_tokens="
                                f"{self._config.max_out_tokens}")
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.generate(inputs, kwargs)
         return generate(*inputs, **kwargs)

@@ -13,6 +13,7 @@ import torch
 from torch.utils import cpp_extension
 
 from deepspeed.ops.adam import FusedAdam
+from deepspeed.ops.adam import functional as adam_functional
 from deepspeed.ops.adam import fused_adam as fused_adam_module
 from deepspeed.ops.lamb import FusedLamb
 from deepspeed.ops.op_builder import CSRC_ROOT
@@ -123,6 +124,65 @@ def test_kernel_accepts_only_uniform_contiguous_cuda_lists():
     assert not fused_adam_module.kernel_accepts(cpu)
 
 
+def _half_run(device, dtype, as_is, steps=4, adam_w_mode=True, monkeypatch=None,
+              torch_fused=False):
+    """FusedAdam's PyTorch path on 16-bit params: torch's fused kernel on the tensors as they
+    are (``as_is``), or on fp32 copies written back (the path before; forced by refusing);
+    ``torch_fused``: torch.optim.AdamW(fused=True) instead, on the same values."""
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(n, generator=g).to(device=device, dtype=dtype))
+              for n in (1, 7, 1000, 4099)]
+    copies = []
+    if torch_fused:
+        opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=True)
+    else:
+        opt = FusedAdam(params, lr=1e-2, weight_decay=0.1, adam_w_mode=adam_w_mode)
+        opt.use_cuda_kernel = False
+        original = opt.apply_fp32
+        opt.apply_fp32 = lambda bucket, update: copies.append(1) or original(bucket, update)
+    with monkeypatch.context() as patch:
+        if not as_is:
+            patch.setattr(adam_functional, "takes_as_is", lambda *args: False)
+        for _ in range(steps):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g).to(device=device, dtype=dtype)
+            opt.step()
+    states = [opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+    return [p.detach().clone() for p in params], states, len(copies)
+
+
+@pytest.mark.skipif(not adam_functional.fused_kernel_takes("cpu", torch.bfloat16),
+                    reason=f"torch {torch.__version__} has no fused Adam kernel for CPU bf16")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("adam_w_mode", [True, False])
+def test_half_pytorch_path_gives_the_fp32_copies_numbers_without_copies(dtype, adam_w_mode,
+                                                                        monkeypatch):
+    """torch's fused kernel takes 16-bit lists as they are (fp32 math in registers): the same
+    bits as updating fp32 copies and rounding back, and no copy is made."""
+    if not adam_functional.fused_kernel_takes("cpu", dtype):
+        pytest.skip(f"torch {torch.__version__} has no fused Adam kernel for CPU {dtype}")
+    direct, direct_states, copies = _half_run("cpu", dtype, True, adam_w_mode=adam_w_mode,
+                                              monkeypatch=monkeypatch)
+    assert copies == 0
+    via_fp32, fp32_states, copies = _half_run("cpu", dtype, False, adam_w_mode=adam_w_mode,
+                                              monkeypatch=monkeypatch)
+    assert copies == 4
+    assert all(t.dtype == dtype for t in direct_states)
+    for a, b in zip(direct + direct_states, via_fp32 + fp32_states):
+        assert torch.equal(a, b)
+
+
+def test_pytorch_path_keeps_fp32_copies_where_torch_fused_cannot_take_the_lists():
+    """No bias correction (torch's kernel always corrects), or moments of another dtype than
+    the params (its kernel reads every list as the params' type): fp32 copies as before."""
+    half = [torch.zeros(4, dtype=torch.bfloat16)]
+    fp32 = [torch.zeros(4)]
+    takes = adam_functional.takes_as_is
+    assert not takes(half, half, half, half, bias_correction=False)
+    assert not takes(half, half, fp32, fp32, bias_correction=True)
+    assert not takes(fp32, fp32, fp32, fp32, bias_correction=True)  # fp32 needs no copies
+
+
 # ------------------------------------------------------------------ GPU: kernel vs references
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # tensor sizes: tiny, one chunk + a tail, several chunks, and 40 tensors overflow one table
@@ -185,6 +245,80 @@ def test_fused_adam_kernel_matches_pytorch_path(dtype, adam_w_mode, bias_correct
     reference, _ = _run(make(False), dtype)
     for a, b in zip(kernel, reference):
         torch.testing.assert_close(a, b, **_tol(dtype))
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_adam_kernel_with_fp32_moments(dtype):
+    """16-bit params and grads with fp32 moments (two 16-byte words per vector of moments):
+    the moments track the PyTorch path's fp32 copies to fp32 rounding."""
+    op = _native("fused_adam")
+    params = _gpu_params(dtype)
+    ms = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+    vs = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, 4):
+        grads = [torch.randn(p.shape, generator=g).to(device="cuda", dtype=dtype) for p in params]
+        ref_p = [p.float() for p in params]
+        ref_m, ref_v = [m.clone() for m in ms], [v.clone() for v in vs]
+        hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
+        op.multi_tensor_adam(fused_adam_module.CHUNK_SIZE, [params, grads, ms, vs], step=step,
+                             mode=1, bias_correction=True, **hyper)
+        adam_functional.adam_update_(ref_p, [x.float() for x in grads], ref_m, ref_v, step=step,
+                                     bias_correction=True, adamw_mode=True, **hyper)
+        for got, want in zip(ms + vs, ref_m + ref_v):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        for got, want in zip(params, ref_p):  # one step from the same 16-bit start
+            torch.testing.assert_close(got.float(), want.to(dtype).float(), **_tol(dtype))
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_adam_kernel_on_views_of_one_flat_buffer(dtype):
+    """ZeRO-style params: views into one flat buffer at offsets off any 16-byte boundary
+    (peeled to aligned runs), and more tensors than one launch's table holds (700)."""
+    _native("fused_adam")
+    sizes = [3, 1001, 65536 + 5] + [1 + i % 13 for i in range(700)]
+
+    def build(native):
+        g = torch.Generator().manual_seed(0)
+        flat = torch.randn(sum(sizes) + 1, generator=g).to(device="cuda", dtype=dtype)
+        params, cursor = [], 1  # the first view starts one element in
+        for n in sizes:
+            params.append(torch.nn.Parameter(flat[cursor:cursor + n]))
+            cursor += n
+        opt = FusedAdam(params, lr=1e-2, weight_decay=0.05)
+        opt.use_cuda_kernel = native
+        grads = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            gflat = torch.randn(sum(sizes) + 1, generator=grads).to(device="cuda", dtype=dtype)
+            cursor = 1
+            for p, n in zip(params, sizes):
+                p.grad = gflat[cursor:cursor + n]
+                cursor += n
+            opt.step()
+        return flat.float().cpu()
+
+    torch.testing.assert_close(build(True), build(False), **_tol(dtype))
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_pytorch_path_on_gpu_takes_torch_fused_as_is(dtype, monkeypatch):
+    """On CUDA too: the 16-bit PyTorch path calls torch's fused kernel on the tensors as they
+    are, with the fp32 copies' numbers, and equals torch.optim.AdamW(fused=True)."""
+    direct, direct_states, copies = _half_run("cuda", dtype, True, monkeypatch=monkeypatch)
+    assert copies == 0
+    via_fp32, fp32_states, _ = _half_run("cuda", dtype, False, monkeypatch=monkeypatch)
+    for a, b in zip(direct + direct_states, via_fp32 + fp32_states):
+        assert torch.equal(a, b)
+    theirs, their_states, _ = _half_run("cuda", dtype, True, monkeypatch=monkeypatch,
+                                        torch_fused=True)
+    for a, b in zip(direct + direct_states, theirs + their_states):
+        assert torch.equal(a, b)
 
 
 @needs_gpu

@@ -9,12 +9,18 @@ inputs while one step runs (``deepspeed.testing.memory.peak_bytes``: the torch p
 allocation events on CPU, the caching allocator's peak on CUDA).
 
     python tools/bench/evoformer_bench.py [--n-seq 16 --n-res 128 256 384 --heads 4 --dim 32]
+    python tools/bench/evoformer_bench.py --dry-run     # tiny, CPU
 """
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_figures import emit  # noqa: E402
 
 from deepspeed.ops.deepspeed4science import DS4Sci_EvoformerAttention, evoformer_attention_reference
 from deepspeed.testing.memory import peak_bytes
@@ -42,7 +48,7 @@ def _step(fn, inputs):
     return run
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-seq", type=int, default=16)
     parser.add_argument("--n-res", type=int, nargs="+", default=[128, 256, 384])
@@ -52,8 +58,14 @@ def main():
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16/float16 "
                                                       "(CUDA default bfloat16)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
+    parser.add_argument("--json", default=None, help="append the figures record to this file")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes, one repeat (CPU)")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.n_seq, args.n_res, args.heads, args.dim, args.repeats = 2, [16], 2, 8, 1
+        args.device, args.dtype = "cpu", "float32"
     device = torch.device(args.device)
+    figures = {}
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     print(f"# {device} {dtype} MSA row-wise, N_seq {args.n_seq}, heads {args.heads}, dim {args.dim}, "
           f"forward+backward, torch {torch.__version__}, threads {torch.get_num_threads()}")
@@ -77,9 +89,16 @@ def main():
                     torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - start)
         t = {name: statistics.median(v) for name, v in times.items()}
+        figures.update({f"n{n_res}_evoformer_ms": t["evoformer"] * 1e3,
+                        f"n{n_res}_naive_ms": t["naive"] * 1e3,
+                        f"n{n_res}_speed_vs_naive": t["naive"] / t["evoformer"],
+                        f"n{n_res}_evoformer_peak_bytes": peaks["evoformer"],
+                        f"n{n_res}_naive_peak_bytes": peaks["naive"],
+                        f"n{n_res}_memory_saving": peaks["naive"] / max(peaks["evoformer"], 1)})
         print(f"{n_res:6d} {t['evoformer'] * 1e3:13.1f} {t['naive'] * 1e3:9.1f} "
               f"{t['naive'] / t['evoformer']:5.2f}x {peaks['evoformer'] / 2**20:13.1f} "
               f"{peaks['naive'] / 2**20:15.1f} {peaks['naive'] / max(peaks['evoformer'], 1):6.1f}x")
+    emit(args.json, "evoformer", figures, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

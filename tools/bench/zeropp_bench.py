@@ -1,5 +1,16 @@
 """ZeRO-3 against ZeRO++ (qwZ, hpZ, qgZ alone and together): step time and bytes per step on
-4 CPU ranks simulating 2 "nodes" x 2 (LOCAL_WORLD_SIZE=2, zero_hpz_partition_size=2).
+4 CPU ranks simulating 2 "nodes" x 2 (LOCAL_WORLD_SIZE=2, zero_hpz_partition_size=2); with
+``--kernels``, the quantization kernels' own throughput on one GPU instead.
+
+``--kernels``: int8 block quantize and dequantize (qwZ's weights, blocks of ``WEIGHT_BLOCK``;
+the Triton kernels on CUDA) and 4-bit quantize (qgZ's gradients, blocks of ``GRAD_BLOCK``) of a
+``--numel``-element bf16 tensor, median of CUDA-event-timed calls; GB/s counts the bytes each
+must move (input read once, integers and scales written once, or the reverse), against the
+device's nominal bandwidth and a device-to-device copy measured in the same run. A round trip
+is checked to stay within scale/2 of the input first.
+
+    python tools/bench/zeropp_bench.py --kernels [--numel 268435456] [--json figures.jsonl]
+    python tools/bench/zeropp_bench.py --kernels --dry-run      # tiny, CPU (torch path)
 
     python tools/bench/zeropp_bench.py                          # GPT 4 x 256 (~3.4M), fp32
     python tools/bench/zeropp_bench.py --dtype bf16 --rounds 3
@@ -22,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "examples"),
+                str(Path(__file__).resolve().parent)]
 
 CONTESTANTS = {
     "zero3": {},
@@ -34,8 +46,56 @@ CONTESTANTS = {
 }
 
 
+def kernels_main(args):
+    """``--kernels``: see the module doc."""
+    from bench_figures import copy_gbs, device_info, emit, median_ms
+    from deepspeed.zero.zeropp.quantize import (GRAD_BLOCK, WEIGHT_BLOCK, blocks_of, dequantize,
+                                                quantize)
+
+    on_gpu = torch.cuda.is_available() and not args.dry_run
+    if not on_gpu and not args.dry_run:
+        sys.exit("zeropp_bench --kernels: needs a CUDA GPU (or --dry-run)")
+    device = torch.device("cuda" if on_gpu else "cpu")
+    numel = 1 << 16 if args.dry_run else args.numel
+    x = torch.randn(numel, device=device).to(torch.bfloat16)
+    figures = {"numel": numel, "copy_gbs": copy_gbs()}
+    nominal = device_info()["nominal_tbs"]
+    for bits, block, name in ((8, WEIGHT_BLOCK, "int8_weights"), (4, GRAD_BLOCK, "int4_grads")):
+        nblocks = blocks_of(numel, block)
+        q, scales = quantize(x, block, bits)
+        back = dequantize(q, scales, numel, torch.float32)
+        worst = float(((back - x.float()).abs().view(-1)[:numel]
+                       - scales.repeat_interleave(block)[:numel] / 2).max())
+        figures[f"{name}_roundtrip_within_half_scale"] = worst <= 1e-6
+        q_ms = median_ms(lambda: quantize(x, block, bits))
+        d_ms = median_ms(lambda: dequantize(q, scales, numel, torch.bfloat16))
+        # quantize reads bf16, writes one byte per element (4-bit: kept one per byte) + scales
+        moved = numel * 2 + nblocks * block + nblocks * 4
+        figures.update({f"{name}_quantize_ms": q_ms, f"{name}_dequantize_ms": d_ms,
+                        f"{name}_quantize_gbs": moved / q_ms / 1e6,
+                        f"{name}_dequantize_gbs": moved / d_ms / 1e6})
+        for op in ("quantize", "dequantize"):
+            gbs = figures[f"{name}_{op}_gbs"]
+            if nominal:
+                figures[f"{name}_{op}_vs_nominal"] = gbs / (nominal * 1e3)
+            if figures["copy_gbs"]:
+                figures[f"{name}_{op}_vs_copy"] = gbs / figures["copy_gbs"]
+            print(f"{name:13s} {op:10s} {figures[f'{name}_{op}_ms']:8.3f} ms {gbs:8.1f} GB/s"
+                  + (f"  {gbs / (nominal * 1e3):.2f} of nominal {nominal} TB/s" if nominal
+                     else "")
+                  + (f", {gbs / figures['copy_gbs']:.2f} of a copy" if figures["copy_gbs"]
+                     else ""))
+    emit(args.json, "zeropp_kernels", figures, dry_run=args.dry_run)
+    return 0
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernels", action="store_true",
+                   help="time the quantization kernels on one GPU instead (module doc)")
+    p.add_argument("--numel", type=int, default=1 << 28, help="--kernels: elements quantized")
+    p.add_argument("--json", default=None, help="--kernels: append the figures record here")
+    p.add_argument("--dry-run", action="store_true", help="--kernels at a tiny size on CPU")
     p.add_argument("--n_layer", type=int, default=4)
     p.add_argument("--n_embd", type=int, default=256)
     p.add_argument("--n_head", type=int, default=4)
@@ -143,6 +203,8 @@ def report(args, result):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.kernels:
+        return kernels_main(args)
     from deepspeed.testing import run_distributed
 
     results = run_distributed(worker, world_size=4, args=(args,), timeout=3600,

@@ -3,19 +3,22 @@
 
 On a CUDA device where the ``fused_adam`` op builds, the params of a group that share a device
 and dtype are updated by one multi-tensor kernel launch (csrc/adam); elsewhere (CPU, no nvcc, a
-failed build, mixed grad dtypes) the same math runs as one foreach launch per operation.
-fp16/bf16 params keep fp16/bf16 moments and are computed in fp32 either way.
+failed build, mixed grad dtypes) the same math runs on the PyTorch path: torch's own fused Adam
+kernel where the device has one, else one foreach launch per operation. fp16/bf16 params keep
+fp16/bf16 moments and are computed in fp32 either way; the PyTorch path hands 16-bit tensors to
+torch's fused kernel as they are (it computes in fp32 registers) rather than through fp32 copies.
 """
 import torch
 
-from deepspeed.ops.adam.functional import adam_update_
+from deepspeed.ops.adam.functional import adam_bucket_
 from deepspeed.ops.adam.multi_tensor_apply import MultiTensorOptimizer, check_hyperparameters
 from deepspeed.ops.op_builder import OpBuildError, get_op_builder
 from deepspeed.utils.logging import logger
 
-# Elements per block of the multi-tensor kernel: big enough to amortise the per-block setup,
-# small enough that one large tensor still spreads over many SMs.
-CHUNK_SIZE = 65536
+# The fewest elements a block of the multi-tensor kernels takes (the kernels' chunk_size
+# argument): a launch has as many blocks as the GPU keeps resident, fewer for a small update, so
+# that a block's setup is amortised over at least this many elements.
+CHUNK_SIZE = 16384
 _NATIVE_OPS = {}
 
 
@@ -43,14 +46,20 @@ def load_cuda_op(name):
 
 
 def kernel_accepts(tensor_lists):
-    """Whether one launch of a multi-tensor kernel can take these lists: CUDA, one dtype the
-    kernel has (fp32/fp16/bf16), contiguous (the kernel walks raw pointers)."""
+    """Whether one launch of a multi-tensor kernel can take these lists ([params, grads,
+    *states]): one CUDA device; params and grads of one dtype the kernels have
+    (fp32/fp16/bf16); the states of that dtype or fp32; all contiguous (the kernels walk raw
+    pointers)."""
     first = tensor_lists[0][0]
     if first.device.type != "cuda" or first.dtype not in (torch.float32, torch.float16,
                                                           torch.bfloat16):
         return False
-    return all(t.dtype == first.dtype and t.device == first.device and t.is_contiguous()
-               for tensors in tensor_lists for t in tensors)
+    state_dtype = tensor_lists[2][0].dtype if len(tensor_lists) > 2 else first.dtype
+    if state_dtype not in (first.dtype, torch.float32):
+        return False
+    return all(t.dtype == (first.dtype if index < 2 else state_dtype)
+               and t.device == first.device and t.is_contiguous()
+               for index, tensors in enumerate(tensor_lists) for t in tensors)
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms", "grad_scaler")
 
@@ -101,8 +110,6 @@ class FusedAdam(MultiTensorOptimizer):
                                          mode=int(self.adam_w_mode),
                                          bias_correction=bool(group["bias_correction"]), **hyper)
                     continue
-                self.apply_fp32(bucket, lambda b: adam_update_(
-                    b.params, b.grads, b.states["exp_avg"], b.states["exp_avg_sq"],
-                    step=b.step, bias_correction=group["bias_correction"],
-                    adamw_mode=self.adam_w_mode, **hyper))
+                adam_bucket_(self, bucket, bias_correction=group["bias_correction"],
+                             adamw_mode=self.adam_w_mode, **hyper)
         return loss
