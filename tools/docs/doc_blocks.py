@@ -5,6 +5,8 @@ comment is invisible in the rendered site):
 
     <!-- run -->                 run this block (python: in the page's program; bash: a command)
     <!-- run: ranks=2 -->        the page's python program runs on 2 ranks (gloo, CPU)
+    <!-- run: ranks=2 fresh -->  ... in new processes, for a page whose code changes process-wide
+                                 state (a library's global registry) that later pages must not see
     <!-- file: ds_config.json --> write this block to that file before anything runs
     <!-- skip: <reason> -->       do not run this block; the reason is required
 
@@ -14,7 +16,8 @@ How a page runs (tests/docs/test_tutorials.py, or `python tools/docs/doc_blocks.
 2. The page's `run` python blocks, in page order, form one program that runs in that
    directory, like the cells of a notebook: a later block sees the names an earlier one defined.
    Line numbers in its tracebacks are the page's own. It runs on 1 rank, or on as many ranks as
-   a `ranks=` marker asks (every rank runs the whole program, as under the launcher).
+   a `ranks=` marker asks (every rank runs the whole program, as under the launcher), on the
+   test helper's warm process pool unless a marker says `fresh`.
 3. The page's `run` bash blocks run after it, one by one, in that directory, with the
    interpreter's `bin/` first on PATH (so `deepspeed`, `ds_report` are this install's).
 
@@ -75,15 +78,22 @@ class Page:
                 lines.extend(block.code.splitlines())
         return "\n".join(lines) + "\n" if lines else ""
 
-    def ranks(self) -> int:
-        found = set()
+    def _python_run_options(self):
         for block in self.blocks:
             if block.kind == "run" and block.language in PYTHON:
-                match = re.fullmatch(r"(?:ranks=(\d+))?", block.arg or "")
+                match = re.fullmatch(r"(?:ranks=(\d+))?\s*(fresh)?", block.arg or "")
                 if match is None:
                     raise BlockMarkerError(f"{block.where}: unknown run option {block.arg!r} "
-                                           f"(allowed: `run` or `run: ranks=N`)")
-                found.add(int(match.group(1) or 1))
+                                           f"(allowed: `run`, `run: ranks=N`, `run: ranks=N fresh`)")
+                yield int(match.group(1) or 1), bool(match.group(2))
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the program needs processes of its own (see the module docstring)."""
+        return any(fresh for _, fresh in self._python_run_options())
+
+    def ranks(self) -> int:
+        found = {ranks for ranks, _ in self._python_run_options()}
         if len(found) > 1:
             raise BlockMarkerError(f"{self.path}: its python blocks ask for different rank "
                                    f"counts {sorted(found)}; one program runs on one world size")
@@ -197,7 +207,7 @@ def run_page(path, workdir=None, timeout: float = 180.0) -> None:
     program = page.python_program()
     if program:
         run_distributed(exec_program, world_size=page.ranks(), timeout=timeout,
-                        args=(program, str(page.path), str(workdir)))
+                        args=(program, str(page.path), str(workdir)), fresh=page.fresh)
     for block in page.shell_commands():
         print(run_shell(block, workdir, timeout).stdout, end="")
 
