@@ -40,8 +40,8 @@ DESCRIPTIONS = {
         "All-reduce the gradients of `nn.Embedding(sparse=True)` layers as indices and values "
         "instead of dense tensors.",
     "communication_data_type":
-        "Data type of the gradient all-reduce: \"fp16\", \"bf16\" (\"bfp16\" also accepted) or \"fp32\"; "
-        "null uses the training data type.",
+        "Data type of the gradient all-reduce: \"fp16\", \"bf16\" (\"bfp16\" also accepted) or "
+        "\"fp32\"; null uses the training data type.",
     "zero_allow_untested_optimizer":
         "Allow ZeRO with an optimizer the engine did not build from the config (a client "
         "optimizer).",
@@ -76,31 +76,30 @@ DESCRIPTIONS = {
     "optimizer.params":
         "Keyword arguments of the optimizer's constructor (lr, betas, eps, weight_decay, ...).",
     "scheduler.type":
-        "Learning-rate schedule: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or "
-        "LRRangeTest.",
+        "Learning-rate schedule: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest.",
     "scheduler.params":
         "Keyword arguments of the schedule (warmup_num_steps, total_num_steps, ...).",
 
     # ---------------------------------------------------------------- core: checkpoints
     "checkpoint.tag_validation":
-        "Whether ranks check that they save under the same tag: \"Ignore\", \"Warn\" or \"Fail\" (any "
-        "case).",
+        "Whether ranks check that they save under the same tag: \"Ignore\", \"Warn\" or \"Fail\" "
+        "(any case).",
     "checkpoint.load_universal":
-        "Load a universal checkpoint (made by `ds_to_universal`), which resumes on another "
-        "number of ranks or ZeRO stage.",
+        "Load a universal checkpoint (made by `ds_to_universal`), which resumes on another number "
+        "of ranks or ZeRO stage.",
     "checkpoint.use_node_local_storage":
         "Every node writes its own copy of the shared files, for storage that is not shared "
         "between nodes.",
     "checkpoint.checkpoint_engine.type":
-        "How checkpoint files are written: \"torch\", \"safetensors\", or \"async\" (written in the "
-        "background while training continues).",
+        "How checkpoint files are written: \"torch\", \"safetensors\", or \"async\" (written in "
+        "the background while training continues).",
     "checkpoint.checkpoint_engine.format":
         "File format the \"async\" engine writes: \"torch\" or \"safetensors\"; null follows the "
         "engine type.",
     "nebula.enabled":
         "Use Nebula asynchronous checkpointing; served by the built-in \"async\" engine here.",
 
-    # ---------------------------------------------------------------- core: activation checkpointing
+    # ------------------------------------------------------- core: activation checkpointing
     "activation_checkpointing.partition_activations":
         "Split each checkpointed activation across model-parallel ranks.",
     "activation_checkpointing.contiguous_memory_optimization":
@@ -208,8 +207,8 @@ DESCRIPTIONS = {
     "autotuning.tuner_early_stopping": "Stop after this many experiments without improvement.",
     "autotuning.tuner_num_trials": "Largest number of experiments per search space.",
     "autotuning.arg_mappings":
-        "Map config keys to the training script's command-line flags, for scripts that take "
-        "batch sizes as arguments.",
+        "Map config keys to the training script's command-line flags, for scripts that take batch "
+        "sizes as arguments.",
     "autotuning.metric_path":
         "File where an experiment writes its metric (default: in its results directory).",
     "autotuning.model_info_path": "File with the model information, instead of a profiling run.",
@@ -251,8 +250,8 @@ DESCRIPTIONS = {
     "comms_logger.debug": "Add the calling function's name to each record.",
     "flops_profiler": "Profile one training step: latency, flops, MACs and parameters per module.",
     "flops_profiler.recompute_fwd_factor":
-        "Fraction of the forward recomputed in backward (activation checkpointing), for the "
-        "flops count.",
+        "Fraction of the forward recomputed in backward (activation checkpointing), for the flops "
+        "count.",
     "flops_profiler.profile_step": "Training step that is profiled.",
     "flops_profiler.module_depth": "Depth of the module tree in the report; -1 is all.",
     "flops_profiler.top_modules": "Modules listed per depth in the aggregated report.",
@@ -295,11 +294,11 @@ DESCRIPTIONS = {
     "compression_training.weight_quantization.shared_parameters.rounding":
         "Nearest or stochastic rounding.",
     "compression_training.weight_quantization.shared_parameters.quantize_weight_in_forward":
-        "Quantize in forward with a straight-through gradient; false quantizes the stored "
-        "weights after each step.",
+        "Quantize in forward with a straight-through gradient; false quantizes the stored weights "
+        "after each step.",
     "compression_training.weight_quantization.shared_parameters.fp16_mixed_quantize":
         "Blend full and quantized weights.",
-    "compression_training.weight_quantization.shared_parameters.fp16_mixed_quantize.quantize_change_ratio":
+    "compression_training.*.fp16_mixed_quantize.quantize_change_ratio":
         "How fast the blend moves towards the quantized weights.",
     "compression_training.weight_quantization.different_groups.<name>.params.start_bits":
         "Bits at the start of training.",
@@ -433,7 +432,7 @@ DESCRIPTIONS = {
     "elasticity.model_parallel_size": "Model-parallel size (version 0.2).",
     "elasticity.num_gpus_per_node": "GPUs per node (version 0.2).",
 
-    # ---------------------------------------------------------------- sequence, sparse attention, TP
+    # ------------------------------------------------------- sequence, sparse attention, TP
     "sequence_parallel_size": "Ranks one sequence is split over (Ulysses sequence parallelism).",
     "sparse_attention": "Pattern of block-sparse attention for `deepspeed.sparse_attention`.",
     "sparse_attention.mode":
