@@ -1,4 +1,4 @@
-"""Paths shared by the docs tests; puts tools/docs (the generators, the block runner) on sys.path."""
+"""Paths shared by the docs tests; puts tools/docs (generators, block runner) on sys.path."""
 import sys
 from pathlib import Path
 

@@ -83,8 +83,9 @@ class Page:
             if block.kind == "run" and block.language in PYTHON:
                 match = re.fullmatch(r"(?:ranks=(\d+))?\s*(fresh)?", block.arg or "")
                 if match is None:
-                    raise BlockMarkerError(f"{block.where}: unknown run option {block.arg!r} (allowed: "
-                                           f"`run`, `run: ranks=N`, `run: ranks=N fresh`)")
+                    raise BlockMarkerError(
+                        f"{block.where}: unknown run option {block.arg!r} "
+                        f"(allowed: `run`, `run: ranks=N`, `run: ranks=N fresh`)")
                 yield int(match.group(1) or 1), bool(match.group(2))
 
     @property
