@@ -71,8 +71,9 @@ DESCRIPTIONS = {
 
     # ---------------------------------------------------------------- core: optimizer, schedule
     "optimizer.type":
-        "Optimizer name, any case: Adam, AdamW, Lamb, Lion, Adagrad, SGD, OneBitAdam, "
-        "ZeroOneAdam, OneBitLamb, or a `torch.optim` class name.",
+        "Optimizer name, any case: Adam, AdamW, Lamb, Lion, Adagrad, OneBitAdam, ZeroOneAdam, "
+        "OneBitLamb, MuAdam / MuAdamW / MuSGD (the mup package), or any torch.optim class "
+        "name (SGD, RMSprop, ...).",
     "optimizer.params":
         "Keyword arguments of the optimizer's constructor (lr, betas, eps, weight_decay, ...).",
     "scheduler.type":
