@@ -2,7 +2,7 @@
 
 Hugging Face code imports most of these lazily inside functions, so a missing path only shows up
 deep inside a training run. These tests pin every path listed as present in
-docs/hf_integration_inventory.md so that a refactor cannot silently drop one.
+docs/dev/hf_integration_inventory.md so that a refactor cannot silently drop one.
 """
 import ast
 import importlib

@@ -10,7 +10,7 @@ from deepspeed.inference.quantize import dequantize, int8_parts, output_error_bo
 
 from inference_models import build, input_ids
 
-LOGITS_BOUND = 0.02  # relative to max |fp32 logits|; the README documents the same figure
+LOGITS_BOUND = 0.02  # relative to max |fp32 logits|; docs/guides/inference.md documents the same figure
 
 
 def _int8_bytes(module):

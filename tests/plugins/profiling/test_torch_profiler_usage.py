@@ -1,4 +1,5 @@
-"""The PyTorch-profiler tutorial's usage works around a DeepSpeed engine (README section)."""
+"""The PyTorch-profiler tutorial's usage works around a DeepSpeed engine
+(docs/tutorials/pytorch-profiler.md)."""
 import torch
 
 from tiny_models import mlp
