@@ -13,13 +13,18 @@ from deepspeed.utils.z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_mod
                                             z3_leaf_parameter)
 
 # public name -> module that defines it, imported on first access
-_LAZY = {
+_LAZY = {  # a plain literal: the docs build reads it statically (tools/docs/griffe_lazy_exports.py)
     "RepeatingLoader": "deepspeed.utils.repeating_loader",
-    **{name: "deepspeed.utils.tensor_fragment" for name in (
-        "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
-        "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
-        "safe_set_full_fp32_param", "safe_set_full_optimizer_state", "safe_set_local_fp32_param",
-        "safe_set_local_optimizer_state")},
+    "safe_get_full_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_get_full_grad": "deepspeed.utils.tensor_fragment",
+    "safe_get_full_optimizer_state": "deepspeed.utils.tensor_fragment",
+    "safe_get_local_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_get_local_grad": "deepspeed.utils.tensor_fragment",
+    "safe_get_local_optimizer_state": "deepspeed.utils.tensor_fragment",
+    "safe_set_full_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_set_full_optimizer_state": "deepspeed.utils.tensor_fragment",
+    "safe_set_local_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_set_local_optimizer_state": "deepspeed.utils.tensor_fragment",
 }
 
 __all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", "safe_get_full_grad",
