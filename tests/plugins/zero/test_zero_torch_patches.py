@@ -1,0 +1,224 @@
+"""Torch is itself again after ZeRO is done with it: every attribute ZeRO patches
+(``deepspeed.zero.torch_patches``) is the very object it was before ZeRO was imported, after
+``engine.destroy()``, after ``zero.Init`` exits with no engine, after nested, overlapping and
+re-entered ``Init`` contexts, after an exception inside an ``Init`` and one while it installs,
+and after an engine is garbage-collected without ``destroy()``.
+
+All scenarios run one after another in one fresh rank (the first thing it does is take the
+snapshot, before ``deepspeed.zero`` is imported); each test below checks one scenario's result.
+"""
+import pytest
+import torch
+
+MICRO = 2
+_ABSENT = "<absent>"
+
+
+def _owners():
+    import torch.nn.functional as F
+
+    return {"torch": torch, "torch.nn.functional": F, "torch.nn.Module": torch.nn.Module,
+            "torch.Tensor": torch.Tensor}
+
+
+def _module_classes():
+    seen, stack = set(), [torch.nn.Module]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                stack.append(sub)
+    return seen | {torch.nn.Module}
+
+
+def _snapshot():
+    """Identity snapshot: every entry of torch's, F's, Module's and Tensor's namespaces, and the
+    ``__init__`` each ``nn.Module`` subclass defines."""
+    entries = {(label, name): value for label, owner in _owners().items()
+               for name, value in vars(owner).items()}
+    inits = {cls: vars(cls).get("__init__", _ABSENT) for cls in _module_classes()}
+    return entries, inits
+
+
+def _differences(before):
+    """What is not the object it was in ``before`` (entries replaced, removed or added), plus
+    the ``__init__`` of classes defined since that carry a ZeRO wrapper."""
+    entries, inits = before
+    found = []
+    for label, owner in _owners().items():
+        now = vars(owner)
+        for (where, name), value in entries.items():
+            if where == label and now.get(name, _ABSENT) is not value:
+                found.append(f"{label}.{name} replaced")
+        for name, value in now.items():
+            # importing packages loads torch submodules lazily: those entries are expected
+            if (label, name) not in entries and not isinstance(value, type(torch)):
+                found.append(f"{label}.{name} added")
+    for cls in _module_classes():
+        init = vars(cls).get("__init__", _ABSENT)
+        if cls in inits:
+            if init is not inits[cls]:
+                found.append(f"{cls.__qualname__}.__init__ replaced")
+        elif getattr(init, "_ds_zero_init", False):
+            found.append(f"{cls.__qualname__}.__init__ wrapped (defined later)")
+    return sorted(found)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(9, 9)
+        self.register_buffer("scale", torch.ones(9))
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x)) * self.scale
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(_Block(), torch.nn.Linear(9, 3))
+
+
+def _config():
+    return {"train_micro_batch_size_per_gpu": MICRO,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+
+
+def _train_one_step(engine):
+    engine.backward(engine(torch.randn(MICRO, 9)).pow(2).mean())
+    engine.step()
+
+
+def _scenarios():
+    import gc
+    import sys
+
+    zero_was_imported = "deepspeed.zero" in sys.modules
+    before = _snapshot()
+
+    import deepspeed
+    from deepspeed.utils import patching
+    from deepspeed.zero import partition_parameters as pp
+
+    results = {"zero imported before the snapshot": zero_was_imported}
+
+    def check(scenario):
+        results[scenario] = {"differences": _differences(before),
+                             "live": patching.live_patches()}
+
+    # the check sees patches while they are in place (else every test below proves nothing)
+    with deepspeed.zero.Init(dtype=torch.float16):
+        check("inside Init")
+        inside_dtype = torch.zeros(1).dtype
+    check("Init exited, no engine")
+    results["factories patched inside Init"] = inside_dtype == torch.float16
+
+    with deepspeed.zero.Init(dtype=torch.float16):
+        with deepspeed.zero.Init(dtype=torch.bfloat16):
+            _model()
+            inner_dtype = torch.zeros(1).dtype
+        outer_dtype = torch.zeros(1).dtype
+        _model()
+    check("nested Init exited")
+    results["nested dtypes"] = (str(inner_dtype), str(outer_dtype))
+
+    outer, inner = deepspeed.zero.Init(dtype=torch.float16), deepspeed.zero.Init()
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the outer exits first
+    _model()
+    inner.__exit__(None, None, None)
+    check("overlapping Init exited out of order")
+
+    init = deepspeed.zero.Init()
+    with init:
+        with init:
+            _model()
+        _model()
+    check("re-entered Init exited")
+
+    try:
+        with deepspeed.zero.Init(dtype=torch.float16):
+            _model()
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    check("exception inside Init")
+
+    def failing_wrapper(fn, dtype, target_device=None):
+        raise KeyError("while installing")
+
+    swapped = pp.zero_wrapper_for_fp_tensor_constructor
+    pp.zero_wrapper_for_fp_tensor_constructor = failing_wrapper
+    try:
+        with deepspeed.zero.Init(dtype=torch.float16):
+            pass
+    except KeyError:
+        pass
+    finally:
+        pp.zero_wrapper_for_fp_tensor_constructor = swapped
+    check("exception while Init installs")
+
+    with deepspeed.zero.Init():
+        model = _model()
+    engine, *_ = deepspeed.initialize(model=model, config=_config())
+    _train_one_step(engine)
+    check("engine live")
+    with deepspeed.zero.Init():  # an Init while an engine lives: only the Init's patches go
+        _model()
+    check("Init exited, engine live")
+    _train_one_step(engine)
+    engine.destroy()
+    check("engine destroyed")
+
+    engine, *_ = deepspeed.initialize(model=_model(), config=_config())
+    _train_one_step(engine)
+    del engine
+    gc.collect()
+    check("engine garbage-collected without destroy")
+
+    model = _model()
+    engine, *_ = deepspeed.initialize(model=model, config=_config())
+    _train_one_step(engine)
+    del engine
+    gc.collect()
+    check("engine garbage-collected without destroy, model kept")
+    results["hooks left on the kept model"] = sum(
+        len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    return results
+
+
+@pytest.fixture(scope="module")
+def results(dist_pool):
+    result = dist_pool.run(_scenarios, world_size=1, fresh=True, timeout=240)[0]
+    assert result["zero imported before the snapshot"] is False
+    return result
+
+
+RESTORED = ["Init exited, no engine", "nested Init exited", "overlapping Init exited out of order",
+            "re-entered Init exited", "exception inside Init", "exception while Init installs",
+            "engine destroyed", "engine garbage-collected without destroy",
+            "engine garbage-collected without destroy, model kept"]
+
+
+@pytest.mark.parametrize("scenario", RESTORED)
+def test_torch_is_unpatched(results, scenario):
+    assert results[scenario] == {"differences": [], "live": []}
+
+
+def test_the_check_sees_patches_while_they_are_in_place(results):
+    inside = results["inside Init"]["differences"]
+    assert "torch.zeros replaced" in inside and "torch.nn.Module.__init__ replaced" in inside
+    assert "torch.nn.Module.__init_subclass__ added" in inside
+    assert results["factories patched inside Init"]
+    assert results["engine live"]["differences"] == ["torch.nn.Module.__getattr__ replaced"]
+    assert results["Init exited, engine live"] == results["engine live"]
+
+
+def test_nested_init_uses_the_inner_dtype_then_the_outer_one(results):
+    assert results["nested dtypes"] == ("torch.bfloat16", "torch.float16")
+
+
+def test_a_collected_engine_leaves_no_hooks_on_a_model_the_user_kept(results):
+    assert results["hooks left on the kept model"] == 0
