@@ -10,58 +10,9 @@ snapshot, before ``deepspeed.zero`` is imported); each test below checks one sce
 import pytest
 import torch
 
+from torch_identity import differences, snapshot
+
 MICRO = 2
-_ABSENT = "<absent>"
-
-
-def _owners():
-    import torch.nn.functional as F
-
-    return {"torch": torch, "torch.nn.functional": F, "torch.nn.Module": torch.nn.Module,
-            "torch.Tensor": torch.Tensor}
-
-
-def _module_classes():
-    seen, stack = set(), [torch.nn.Module]
-    while stack:
-        for sub in stack.pop().__subclasses__():
-            if sub not in seen:
-                seen.add(sub)
-                stack.append(sub)
-    return seen | {torch.nn.Module}
-
-
-def _snapshot():
-    """Identity snapshot: every entry of torch's, F's, Module's and Tensor's namespaces, and the
-    ``__init__`` each ``nn.Module`` subclass defines."""
-    entries = {(label, name): value for label, owner in _owners().items()
-               for name, value in vars(owner).items()}
-    inits = {cls: vars(cls).get("__init__", _ABSENT) for cls in _module_classes()}
-    return entries, inits
-
-
-def _differences(before):
-    """What is not the object it was in ``before`` (entries replaced, removed or added), plus
-    the ``__init__`` of classes defined since that carry a ZeRO wrapper."""
-    entries, inits = before
-    found = []
-    for label, owner in _owners().items():
-        now = vars(owner)
-        for (where, name), value in entries.items():
-            if where == label and now.get(name, _ABSENT) is not value:
-                found.append(f"{label}.{name} replaced")
-        for name, value in now.items():
-            # importing packages loads torch submodules lazily: those entries are expected
-            if (label, name) not in entries and not isinstance(value, type(torch)):
-                found.append(f"{label}.{name} added")
-    for cls in _module_classes():
-        init = vars(cls).get("__init__", _ABSENT)
-        if cls in inits:
-            if init is not inits[cls]:
-                found.append(f"{cls.__qualname__}.__init__ replaced")
-        elif getattr(init, "_ds_zero_init", False):
-            found.append(f"{cls.__qualname__}.__init__ wrapped (defined later)")
-    return sorted(found)
 
 
 class _Block(torch.nn.Module):
@@ -95,7 +46,7 @@ def _scenarios():
     import sys
 
     zero_was_imported = "deepspeed.zero" in sys.modules
-    before = _snapshot()
+    before = snapshot()
 
     import deepspeed
     from deepspeed.utils import patching
@@ -104,7 +55,7 @@ def _scenarios():
     results = {"zero imported before the snapshot": zero_was_imported}
 
     def check(scenario):
-        results[scenario] = {"differences": _differences(before),
+        results[scenario] = {"differences": differences(before),
                              "live": patching.live_patches()}
 
     # the check sees patches while they are in place (else every test below proves nothing)

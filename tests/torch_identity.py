@@ -1,0 +1,58 @@
+"""Is torch itself? An identity snapshot of the namespaces ZeRO, the flops profiler and
+inference patch (``torch``, ``torch.nn.functional``, ``torch.nn.Module``, ``torch.Tensor`` and
+every ``nn.Module`` subclass's ``__init__``), and what differs from it later.
+
+Take the snapshot before importing the feature under test (in a fresh rank: ``dist_pool.run(...,
+fresh=True)``), so an earlier test's leak cannot hide in the reference.
+"""
+import torch
+import torch.nn.functional as F
+
+_ABSENT = "<absent>"
+OWNERS = {"torch": torch, "torch.nn.functional": F, "torch.nn.Module": torch.nn.Module,
+          "torch.Tensor": torch.Tensor}
+
+
+def _module_classes():
+    seen, stack = set(), [torch.nn.Module]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                stack.append(sub)
+    return seen | {torch.nn.Module}
+
+
+def snapshot():
+    """Every entry of the owners' namespaces, and the ``__init__`` each ``nn.Module`` subclass
+    defines, as the objects themselves."""
+    import torch._dynamo  # noqa: F401  importing it wraps torch.manual_seed: torch's own change
+
+    entries = {(label, name): value for label, owner in OWNERS.items()
+               for name, value in vars(owner).items()}
+    inits = {cls: vars(cls).get("__init__", _ABSENT) for cls in _module_classes()}
+    return entries, inits
+
+
+def differences(before):
+    """Sorted descriptions of what is not the object it was in ``before``: entries replaced,
+    removed or added (a submodule torch imported lazily since is not a difference), and the
+    ``__init__`` of classes defined since that carry a ZeRO wrapper."""
+    entries, inits = before
+    found = []
+    for label, owner in OWNERS.items():
+        now = vars(owner)
+        for (where, name), value in entries.items():
+            if where == label and now.get(name, _ABSENT) is not value:
+                found.append(f"{label}.{name} replaced")
+        for name, value in now.items():
+            if (label, name) not in entries and not isinstance(value, type(torch)):
+                found.append(f"{label}.{name} added")
+    for cls in _module_classes():
+        init = vars(cls).get("__init__", _ABSENT)
+        if cls in inits:
+            if init is not inits[cls]:
+                found.append(f"{cls.__qualname__}.__init__ replaced")
+        elif getattr(init, "_ds_zero_init", False):
+            found.append(f"{cls.__qualname__}.__init__ wrapped (defined later)")
+    return sorted(found)
