@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 _ABSENT = "<absent>"
+PYTHON_CACHES = ("__slotnames__",)  # copyreg caches it on a class the first time one is pickled
 OWNERS = {"torch": torch, "torch.nn.functional": F, "torch.nn.Module": torch.nn.Module,
           "torch.Tensor": torch.Tensor}
 
@@ -36,8 +37,9 @@ def snapshot():
 
 def differences(before):
     """Sorted descriptions of what is not the object it was in ``before``: entries replaced,
-    removed or added (a submodule torch imported lazily since is not a difference), and the
-    ``__init__`` of classes defined since that carry a ZeRO wrapper."""
+    removed or added (a submodule torch imported lazily since, or a cache Python itself adds, is
+    not a difference), and the ``__init__`` of classes defined since that carry a ZeRO
+    wrapper."""
     entries, inits = before
     found = []
     for label, owner in OWNERS.items():
@@ -46,7 +48,8 @@ def differences(before):
             if where == label and now.get(name, _ABSENT) is not value:
                 found.append(f"{label}.{name} replaced")
         for name, value in now.items():
-            if (label, name) not in entries and not isinstance(value, type(torch)):
+            if (label, name) not in entries and not isinstance(value, type(torch)) \
+                    and name not in PYTHON_CACHES:
                 found.append(f"{label}.{name} added")
     for cls in _module_classes():
         init = vars(cls).get("__init__", _ABSENT)
