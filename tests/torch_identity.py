@@ -59,3 +59,20 @@ def differences(before):
         elif getattr(init, "_ds_zero_init", False):
             found.append(f"{cls.__qualname__}.__init__ wrapped (defined later)")
     return sorted(found)
+
+
+EVERY_MODULE_INIT = "`__init__` of every `torch.nn.Module` subclass"
+
+
+def unlisted(found, text):
+    """The patched attributes among ``found`` (from ``differences``) that ``text`` (a README or
+    a docstring) does not name: as `owner.attribute`, or, for ``__init__`` wrappers, by the
+    phrase ``EVERY_MODULE_INIT``."""
+    text = text.replace("``", "`")
+    missing = set()
+    for entry in found:
+        attribute = entry.split(" ")[0]
+        wanted = EVERY_MODULE_INIT if attribute.endswith(".__init__") else f"`{attribute}`"
+        if wanted not in text:
+            missing.add(attribute)
+    return sorted(missing)

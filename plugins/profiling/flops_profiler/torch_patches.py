@@ -3,24 +3,27 @@
 its cost to the innermost profiled module. Wrapping the functions, not the modules, is why a
 custom module that calls ``F.linear`` directly is counted as well as ``nn.Linear``.
 
-- ``torch.nn.functional``: ``linear``; ``conv1d/2d/3d``, ``conv_transpose1d/2d/3d``;
-  ``softmax``, ``log_softmax``, ``scaled_dot_product_attention``; ``batch_norm``,
-  ``layer_norm``, ``group_norm``, ``instance_norm``, ``rms_norm``; ``embedding``;
-  ``interpolate``, ``upsample``, ``upsample_nearest``, ``upsample_bilinear``; the activations
-  ``relu(_)``, ``prelu``, ``elu(_)``, ``leaky_relu(_)``, ``relu6``, ``silu``, ``gelu``, ``mish``,
+- ``torch.nn.functional``: ``linear``, ``conv1d``, ``conv2d``, ``conv3d``,
+  ``conv_transpose1d``, ``conv_transpose2d``, ``conv_transpose3d``, ``softmax``,
+  ``log_softmax``, ``scaled_dot_product_attention``, ``batch_norm``, ``layer_norm``,
+  ``group_norm``, ``instance_norm``, ``rms_norm``, ``embedding``, ``interpolate``, ``upsample``,
+  ``upsample_nearest``, ``upsample_bilinear``; the activations ``relu``, ``relu_``, ``prelu``,
+  ``elu``, ``elu_``, ``leaky_relu``, ``leaky_relu_``, ``relu6``, ``silu``, ``gelu``, ``mish``,
   ``hardswish``, ``sigmoid``, ``tanh``, ``softplus``, ``selu``, ``celu``; the pools
-  ``avg_pool1d/2d/3d``, ``max_pool1d/2d/3d``, ``adaptive_avg_pool1d/2d/3d``,
-  ``adaptive_max_pool1d/2d/3d``.
+  ``avg_pool1d``, ``avg_pool2d``, ``avg_pool3d``, ``max_pool1d``, ``max_pool2d``,
+  ``max_pool3d``, ``adaptive_avg_pool1d``, ``adaptive_avg_pool2d``, ``adaptive_avg_pool3d``,
+  ``adaptive_max_pool1d``, ``adaptive_max_pool2d``, ``adaptive_max_pool3d``.
 - ``torch``: ``matmul``, ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``mul``, ``add``, ``einsum``.
 - ``torch.Tensor``: ``matmul``, ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``mul``, ``add``,
   ``__matmul__`` (tensor methods and ``@`` do not go through the ``torch.*`` functions).
 
-``counting.op_rules`` is the authoritative list (an op the running torch lacks is skipped) and
-holds the rule that prices each op. The replacements are one ``deepspeed.utils.patching``
-``PatchSet``: ``stop_profile`` / ``end_profile`` (and ``get_model_profile``, also when the
-profiled call raises; the engine plugin on ``engine.destroy()`` or when the engine is collected)
-put torch's own objects back, an ``einsum`` or ``Tensor.matmul`` inherited from a base class is
-inherited again rather than copied onto ``torch.Tensor``.
+``counting.op_rules`` holds the rule that prices each op (an op the running torch lacks is
+skipped); a test keeps this list and the plugin's README equal to it. The replacements are one
+``deepspeed.utils.patching.PatchSet``: ``stop_profile`` / ``end_profile`` put torch's own
+objects back (``get_model_profile`` also when the profiled call raises; the engine plugin after
+the profiled forward, on ``engine.destroy()``, or when the engine is garbage-collected), and a
+``Tensor`` method inherited from torch's C base class is inherited again rather than left as a
+copy in ``torch.Tensor.__dict__``.
 """
 import threading
 

@@ -5,10 +5,14 @@ nested contexts, and after a checkpoint load into the model it built finishes or
 
 All scenarios run one after another in one fresh rank; each test checks one scenario's result.
 """
+from pathlib import Path
+
 import pytest
 import torch
 
-from torch_identity import differences, snapshot
+from torch_identity import differences, snapshot, unlisted
+
+README = Path(__file__).parents[3] / "plugins" / "inference" / "README.md"
 
 
 def _model():
@@ -104,3 +108,11 @@ def test_the_check_sees_the_patch_while_it_is_in_place(results):
     assert inside["differences"] == ["torch.nn.Module.register_parameter replaced"]
     assert [label for label, _ in inside["live"]] == [
         "inference.empty_init: nn.Module.register_parameter"]
+
+
+def test_the_patch_is_listed_in_the_readme_and_the_module_docstring(results):
+    from deepspeed.inference import torch_patches
+
+    seen = results["inside empty_init"]["differences"]
+    assert unlisted(seen, README.read_text()) == []
+    assert unlisted(seen, torch_patches.__doc__) == []

@@ -7,11 +7,17 @@ engine whose profiled forward raised is destroyed or garbage-collected.
 All scenarios run one after another in one fresh rank that takes the snapshot before importing
 ``deepspeed.profiling``; each test below checks one scenario's result.
 """
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 from tiny_models import mlp
 from torch_identity import differences, snapshot
+
+
+README = Path(__file__).parents[3] / "plugins" / "profiling" / "README.md"
 
 
 class _FailsOnce(torch.nn.Module):
@@ -155,3 +161,33 @@ def test_a_refused_second_profiler_changes_nothing(results):
     refused = results["second profiler refused"]
     assert refused["differences"] == results["profiling"]["differences"]
     assert refused["hooks_on_its_model"] == 0
+
+
+_OWNERS = {"torch": torch, "torch.Tensor": torch.Tensor,
+           "torch.nn.functional": torch.nn.functional}
+
+
+def _check_listed(listed):
+    """Every op the profiler wraps is listed; a listed op it does not wrap is one this torch
+    lacks (``op_rules`` skips those)."""
+    from deepspeed.profiling.flops_profiler.counting import op_rules
+
+    labels = {owner: label for label, owner in _OWNERS.items()}
+    wrapped = {(labels[owner], name) for owner, name, _ in op_rules()}
+    assert wrapped <= listed
+    assert [op for op in listed - wrapped if hasattr(_OWNERS[op[0]], op[1])] == []
+
+
+def test_the_readme_lists_the_wrapped_ops():
+    rows = re.findall(r"^\| `([\w.]+)` \| (.*) \|$", README.read_text(), re.MULTILINE)
+    _check_listed({(owner, name) for owner, names in rows
+                   for name in re.findall(r"`(\w+)`", names)})
+
+
+def test_the_module_docstring_lists_the_wrapped_ops():
+    from deepspeed.profiling.flops_profiler import torch_patches
+
+    bullets = re.findall(r"^- ``([\w.]+)``: (.*?)(?=^- |^$)", torch_patches.__doc__,
+                         re.MULTILINE | re.DOTALL)
+    _check_listed({(owner, name) for owner, text in bullets
+                   for name in re.findall(r"``(\w+)``", text)})

@@ -7,10 +7,14 @@ and after an engine is garbage-collected without ``destroy()``.
 All scenarios run one after another in one fresh rank (the first thing it does is take the
 snapshot, before ``deepspeed.zero`` is imported); each test below checks one scenario's result.
 """
+from pathlib import Path
+
 import pytest
 import torch
 
-from torch_identity import differences, snapshot
+from torch_identity import differences, snapshot, unlisted
+
+README = Path(__file__).parents[3] / "plugins" / "zero" / "README.md"
 
 MICRO = 2
 
@@ -173,3 +177,11 @@ def test_nested_init_uses_the_inner_dtype_then_the_outer_one(results):
 
 def test_a_collected_engine_leaves_no_hooks_on_a_model_the_user_kept(results):
     assert results["hooks left on the kept model"] == 0
+
+
+def test_every_patch_seen_is_listed_in_the_readme_and_the_module_docstring(results):
+    from deepspeed.zero import torch_patches
+
+    seen = results["inside Init"]["differences"] + results["engine live"]["differences"]
+    assert unlisted(seen, README.read_text()) == []
+    assert unlisted(seen, torch_patches.__doc__) == []
