@@ -25,7 +25,6 @@ What ``Init`` changes in torch while it is open is listed, and done, in
 import functools
 import itertools
 import types
-from enum import Enum
 
 import torch
 
@@ -36,14 +35,9 @@ from deepspeed.utils.patching import PatchSet
 from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.shard_comm import start_rank_major_gather
 from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
+from deepspeed.zero.param_status import ZeroParamStatus
 from deepspeed.zero.torch_patches import (TORCH_FACTORIES, patch_module_construction,
                                           patch_tensor_factories)
-
-
-class ZeroParamStatus(Enum):
-    AVAILABLE = 1  # full data present
-    NOT_AVAILABLE = 2  # only the shard
-    INFLIGHT = 3  # an all-gather is running
 
 
 _ids = itertools.count()

@@ -39,6 +39,7 @@ import functools
 import torch
 
 from deepspeed.utils.patching import PatchSet
+from deepspeed.zero.param_status import ZeroParamStatus
 
 # torch's own tensor constructors, captured before any Init replaces them: the factory wrappers
 # call these, and code that customises the wrapping (transformers keeps RoPE ``arange`` buffers
@@ -50,8 +51,6 @@ _INIT_MARK = "_ds_zero_init"  # set on every __init__ wrapper
 
 # ------------------------------------------------------------------ while an engine lives
 def _watch_parameter_reads(patches):
-    from deepspeed.zero.partition_parameters import ZeroParamStatus
-
     not_available = ZeroParamStatus.NOT_AVAILABLE
     original = torch.nn.Module.__getattr__
 
