@@ -2,8 +2,9 @@
 inference patch (``torch``, ``torch.nn.functional``, ``torch.nn.Module``, ``torch.Tensor`` and
 every ``nn.Module`` subclass's ``__init__``), and what differs from it later.
 
-Take the snapshot before importing the feature under test (in a fresh rank: ``dist_pool.run(...,
-fresh=True)``), so an earlier test's leak cannot hide in the reference.
+Take the snapshot before importing the feature under test, in a fresh rank (``Scenarios`` in a
+function ``run_fresh`` runs), so an earlier test's leak cannot hide in the reference. The
+``unlisted`` check keeps a plugin's README and patch-module docstring naming every patch seen.
 """
 import torch
 import torch.nn.functional as F
@@ -76,3 +77,32 @@ def unlisted(found, text):
         if wanted not in text:
             missing.add(attribute)
     return sorted(missing)
+
+
+UNPATCHED = {"differences": [], "live": []}
+
+
+class Scenarios:
+    """Records, scenario by scenario, what differs from a snapshot taken when it is created.
+
+    Create it in a fresh rank before importing ``package`` (the feature under test); it notes
+    whether ``package`` was imported already, which ``run_fresh`` refuses."""
+
+    def __init__(self, package):
+        import sys
+
+        self.results = {"imported before the snapshot": package in sys.modules}
+        self.before = snapshot()
+
+    def check(self, scenario, **extra):
+        from deepspeed.utils import patching
+
+        self.results[scenario] = {"differences": differences(self.before),
+                                  "live": patching.live_patches(), **extra}
+
+
+def run_fresh(dist_pool, scenarios, args=()):
+    """``scenarios(*args)`` (which returns ``Scenarios.results``) in one new rank."""
+    result = dist_pool.run(scenarios, world_size=1, fresh=True, timeout=240, args=args)[0]
+    assert result["imported before the snapshot"] is False
+    return result

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_identity import differences, snapshot, unlisted
+from torch_identity import UNPATCHED, Scenarios, run_fresh, unlisted
 
 README = Path(__file__).parents[3] / "plugins" / "inference" / "README.md"
 
@@ -21,20 +21,12 @@ def _model():
 
 def _scenarios(directory):
     import os
-    import sys
 
-    inference_was_imported = "deepspeed.inference" in sys.modules
-    before = snapshot()
+    scenarios = Scenarios("deepspeed.inference")
+    check = scenarios.check
 
     import deepspeed
     from deepspeed.inference.checkpoint import empty_init
-    from deepspeed.utils import patching
-
-    results = {"inference imported before the snapshot": inference_was_imported}
-
-    def check(scenario, **extra):
-        results[scenario] = {"differences": differences(before),
-                             "live": patching.live_patches(), **extra}
 
     with empty_init():
         check("inside empty_init")
@@ -78,19 +70,12 @@ def _scenarios(directory):
     except ValueError:
         failed = True
     check("checkpoint load failed", failed=failed)
-    return results
+    return scenarios.results
 
 
 @pytest.fixture(scope="module")
 def results(dist_pool, tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("inference_patches"))
-    result = dist_pool.run(_scenarios, world_size=1, fresh=True, timeout=240,
-                           args=(directory,))[0]
-    assert result["inference imported before the snapshot"] is False
-    return result
-
-
-UNPATCHED = {"differences": [], "live": []}
+    return run_fresh(dist_pool, _scenarios, args=(str(tmp_path_factory.mktemp("patches")),))
 
 
 @pytest.mark.parametrize("scenario, extra", [

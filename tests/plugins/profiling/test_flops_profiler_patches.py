@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tiny_models import mlp
-from torch_identity import differences, snapshot
+from torch_identity import UNPATCHED, Scenarios, run_fresh
 
 
 README = Path(__file__).parents[3] / "plugins" / "profiling" / "README.md"
@@ -52,20 +52,13 @@ def _hooks(model):
 
 def _scenarios():
     import gc
-    import sys
 
-    profiler_was_imported = "deepspeed.profiling" in sys.modules
-    before = snapshot()
+    scenarios = Scenarios("deepspeed.profiling")
+    check = scenarios.check
 
     from deepspeed.profiling.flops_profiler import FlopsProfiler, get_model_profile
-    from deepspeed.utils import patching
 
-    results = {"profiler imported before the snapshot": profiler_was_imported}
     x = torch.randn(2, 4)
-
-    def check(scenario, **extra):
-        results[scenario] = {"differences": differences(before),
-                             "live": patching.live_patches(), **extra}
 
     model = mlp(4, 8, 2)
     profiler = FlopsProfiler(model)
@@ -124,17 +117,12 @@ def _scenarios():
     del engine
     gc.collect()
     check("engine garbage-collected after its profiled forward raised")
-    return results
+    return scenarios.results
 
 
 @pytest.fixture(scope="module")
 def results(dist_pool):
-    result = dist_pool.run(_scenarios, world_size=1, fresh=True, timeout=240)[0]
-    assert result["profiler imported before the snapshot"] is False
-    return result
-
-
-UNPATCHED = {"differences": [], "live": []}
+    return run_fresh(dist_pool, _scenarios)
 
 
 @pytest.mark.parametrize("scenario", [

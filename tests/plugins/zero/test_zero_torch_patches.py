@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_identity import differences, snapshot, unlisted
+from torch_identity import UNPATCHED, Scenarios, run_fresh, unlisted
 
 README = Path(__file__).parents[3] / "plugins" / "zero" / "README.md"
 
@@ -47,20 +47,12 @@ def _train_one_step(engine):
 
 def _scenarios():
     import gc
-    import sys
 
-    zero_was_imported = "deepspeed.zero" in sys.modules
-    before = snapshot()
+    scenarios = Scenarios("deepspeed.zero")
+    check, results = scenarios.check, scenarios.results
 
     import deepspeed
-    from deepspeed.utils import patching
     from deepspeed.zero import partition_parameters as pp
-
-    results = {"zero imported before the snapshot": zero_was_imported}
-
-    def check(scenario):
-        results[scenario] = {"differences": differences(before),
-                             "live": patching.live_patches()}
 
     # the check sees patches while they are in place (else every test below proves nothing)
     with deepspeed.zero.Init(dtype=torch.float16):
@@ -146,9 +138,7 @@ def _scenarios():
 
 @pytest.fixture(scope="module")
 def results(dist_pool):
-    result = dist_pool.run(_scenarios, world_size=1, fresh=True, timeout=240)[0]
-    assert result["zero imported before the snapshot"] is False
-    return result
+    return run_fresh(dist_pool, _scenarios)
 
 
 RESTORED = ["Init exited, no engine", "nested Init exited", "overlapping Init exited out of order",
@@ -159,7 +149,7 @@ RESTORED = ["Init exited, no engine", "nested Init exited", "overlapping Init ex
 
 @pytest.mark.parametrize("scenario", RESTORED)
 def test_torch_is_unpatched(results, scenario):
-    assert results[scenario] == {"differences": [], "live": []}
+    assert results[scenario] == UNPATCHED
 
 
 def test_the_check_sees_patches_while_they_are_in_place(results):
