@@ -100,7 +100,8 @@ def patch_module_construction(patches, after_init):
 
     def __init_subclass__(cls, **kwargs):
         super(torch.nn.Module, cls).__init_subclass__(**kwargs)
-        wrap(cls)
+        if patches.installed:  # not a class another thread defines while the context exits
+            wrap(cls)
 
     patches.replace(torch.nn.Module, "__init_subclass__", classmethod(__init_subclass__))
 
