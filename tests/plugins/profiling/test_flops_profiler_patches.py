@@ -7,6 +7,7 @@ engine whose profiled forward raised is destroyed or garbage-collected.
 All scenarios run one after another in one fresh rank that takes the snapshot before importing
 ``deepspeed.profiling``; each test below checks one scenario's result.
 """
+import os
 import re
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def _engine(model):
 
     config = {"train_micro_batch_size_per_gpu": 2,
               "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-              "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": "/dev/null"}}
+              "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": os.devnull}}
     engine, *_ = deepspeed.initialize(model=model, config=config)
     return engine
 
