@@ -13,14 +13,13 @@ Each file is a (possibly partial: sharded) state dict, optionally under a ``"mod
 DeepSpeed's ``mp_rank_00_model_states.pt`` holds it; ``.pt`` / ``.bin`` files are memory-mapped
 and safetensors files read one tensor at a time, so a rank reads each tensor, keeps the slice
 AutoTP cut for it (``sharding.shard_of``) and drops the rest. Build the model with
-``empty_init()`` (parameters on the meta device, buffers real) and no rank ever holds the whole
-model: the loader materialises each parameter at its shard size as its tensor arrives, and
-records the peak of real parameter bytes it saw (``peak_param_bytes``).
+``empty_init()`` (parameters on the meta device, buffers real; see ``torch_patches``) and no
+rank ever holds the whole model: the loader materialises each parameter at its shard size as
+its tensor arrives, and records the peak of real parameter bytes it saw (``peak_param_bytes``).
 
 Missing files are one ``FileNotFoundError`` naming all of them; a parameter left on the meta
 device after the last file is an error naming its key.
 """
-import contextlib
 import glob
 import json
 import os
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from deepspeed.inference.sharding import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
+from deepspeed.inference.torch_patches import empty_init  # noqa: F401  (its documented path)
 from deepspeed.utils import logging as ds_logging
 
 logger = ds_logging.logger
@@ -38,24 +38,6 @@ SUPPORTED_TYPES = ("ds_model",)
 
 class CheckpointError(ValueError):
     """A checkpoint that does not fit the model; the message names the key or file."""
-
-
-@contextlib.contextmanager
-def empty_init():
-    """Build modules with their parameters on the meta device (no storage) and their buffers
-    real (rotary tables and masks are computed at construction and are not in checkpoints)."""
-    register = nn.Module.register_parameter
-
-    def on_meta(module, name, param):
-        if param is not None and param.device.type != "meta":
-            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        register(module, name, param)
-
-    nn.Module.register_parameter = on_meta
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register
 
 
 def checkpoint_files(checkpoint, base_dir=""):

@@ -3,9 +3,12 @@
 Enabled by ``flops_profiler.enabled``. On global rank 0 it starts the profiler before the first
 forward of that step, stops it after that forward (so backward and the optimizer run
 unpatched), times that micro-batch's backward and the step itself for the summary, and prints
-the profile once, after the step's optimizer update.
+the profile once, after the step's optimizer update. A profiled forward that raises leaves the
+profiler running until the next forward returns, ``engine.destroy()``, or the engine is
+garbage-collected, whichever comes first.
 """
 import time
+import weakref
 
 from deepspeed import comm as dist
 from deepspeed.hooks import hookimpl
@@ -43,6 +46,9 @@ class FlopsProfilerPlugin(DeepSpeedPlugin):
             return
         self.profiler = FlopsProfiler(engine.module, ds_engine=engine,
                                       recompute_fwd_factor=self.config.recompute_fwd_factor)
+        # an engine dropped without destroy() must not leave torch's ops wrapped (the callback
+        # holds the op wrappers' owner, which holds no reference to the engine)
+        weakref.finalize(engine, self.profiler.op_recorder.uninstall)
 
     def _in_profile_step(self, engine):
         return engine.global_steps + 1 == self.config.profile_step
@@ -74,6 +80,12 @@ class FlopsProfilerPlugin(DeepSpeedPlugin):
     def deepspeed_before_step(self, engine):
         if self.phase in ("backward", "step"):
             self._started_at = _now()
+
+    @hookimpl
+    def deepspeed_engine_destroy(self, engine):
+        if self.profiler is not None:
+            self.profiler.end_profile()  # torch's own ops back, also after a forward that raised
+            self.phase = "done"
 
     @hookimpl
     def deepspeed_after_step(self, engine):

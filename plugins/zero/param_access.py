@@ -9,10 +9,11 @@ state to reach, so those accessors say so.
 """
 import torch
 
+from deepspeed.zero.param_status import ZeroParamStatus
+
 
 def _available(param):
-    # by name: the partitioner imports this module, so this one cannot import its enum
-    return param.ds_status.name == "AVAILABLE"
+    return param.ds_status is ZeroParamStatus.AVAILABLE
 
 
 def _no_state(param, key):

@@ -19,28 +19,25 @@ points each ``.data`` at its full buffer; ``release`` drops the buffer again. Bo
 module's ``__init__`` returns, so a model larger than one process's memory can be built:
 at most one module is whole at a time, and rank 0's initial values are what every rank keeps.
 
-(Just over 600 lines: partition, gather, release and ``Init``'s constructor patches share the
-parameter attributes above; ``Init`` is the piece to move out when this grows again.)
+What ``Init`` changes in torch while it is open is listed, and done, in
+``deepspeed.zero.torch_patches``.
 """
 import functools
 import itertools
 import types
-from enum import Enum
 
 import torch
 
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.hooks import PARAM_STATE_ACCESS
+from deepspeed.utils.patching import PatchSet
 from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.shard_comm import start_rank_major_gather
 from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
-
-
-class ZeroParamStatus(Enum):
-    AVAILABLE = 1  # full data present
-    NOT_AVAILABLE = 2  # only the shard
-    INFLIGHT = 3  # an all-gather is running
+from deepspeed.zero.param_status import ZeroParamStatus
+from deepspeed.zero.torch_patches import (TORCH_FACTORIES, patch_module_construction,
+                                          patch_tensor_factories)
 
 
 _ids = itertools.count()
@@ -400,15 +397,12 @@ def _add_methods(param):
 
 
 # ---------------------------------------------------------------------- zero.Init
-# torch's own tensor constructors, saved before any Init replaces them: code that customises the
-# wrapping (transformers keeps RoPE ``arange`` buffers in their explicit dtype) compares against these
-_orig_torch_empty = torch.empty
-_orig_torch_zeros = torch.zeros
-_orig_torch_ones = torch.ones
-_orig_torch_full = torch.full
-_orig_torch_arange = torch.arange
-_FP_CONSTRUCTORS = {"empty": _orig_torch_empty, "zeros": _orig_torch_zeros,
-                    "ones": _orig_torch_ones, "full": _orig_torch_full, "arange": _orig_torch_arange}
+# torch's own tensor constructors (upstream's names; transformers imports ``_orig_torch_arange``)
+_orig_torch_empty = TORCH_FACTORIES["empty"]
+_orig_torch_zeros = TORCH_FACTORIES["zeros"]
+_orig_torch_ones = TORCH_FACTORIES["ones"]
+_orig_torch_full = TORCH_FACTORIES["full"]
+_orig_torch_arange = TORCH_FACTORIES["arange"]
 
 
 def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype, target_device=None):
@@ -446,7 +440,7 @@ class Init:
         self.enabled = enabled
         self.mem_efficient_linear = mem_efficient_linear
         self.dtype = dtype
-        self._patched = []
+        self._patches = PatchSet("zero.Init: module construction", self._patch)
         if not enabled:
             return
         if not dist.is_initialized():
@@ -475,12 +469,12 @@ class Init:
 
     def __enter__(self):
         if self.enabled:
-            self._patch()
+            self._patches.install()
         return self
 
     def __exit__(self, *exc):
         if self.enabled:
-            self._unpatch()
+            self._patches.restore()
         return False
 
     def __call__(self, fn):
@@ -490,73 +484,17 @@ class Init:
                 return fn(*args, **kwargs)
         return wrapped
 
-    def _patch(self):
-        """Wrap ``__init__`` of every Module subclass (existing, and defined inside the
-        context) so each constructed module partitions its own parameters when done."""
-        for cls in _all_subclasses(torch.nn.Module) | {torch.nn.Module}:
-            self._wrap_init(cls)
-        if self.dtype is not None:
-            wrapper = globals()["zero_wrapper_for_fp_tensor_constructor"]
-            for name, original in _FP_CONSTRUCTORS.items():
-                # restore what was there (an enclosing Init's wrapper), wrap torch's own
-                self._patched.append((torch, name, getattr(torch, name), False))
-                setattr(torch, name, wrapper(original, self.dtype, target_device=None))
-        init = self
-
-        def __init_subclass__(cls, **kwargs):
-            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
-            init._wrap_init(cls)
-
-        self._own_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
-        torch.nn.Module.__init_subclass__ = classmethod(__init_subclass__)
-
-    def _wrap_init(self, cls):
-        if "__init__" not in cls.__dict__:
-            return
-        original = cls.__dict__["__init__"]
-        if getattr(original, "_ds_zero_init", False):
-            return
+    def _patch(self, patches):
+        """Make every module constructed inside the context partition its own parameters
+        when built, and (with ``dtype``) torch's constructors build that dtype; the patches
+        themselves are listed in ``deepspeed.zero.torch_patches``."""
         partitioner, dtype = self.partitioner, self.dtype
-
-        @functools.wraps(original)
-        def __init__(module, *args, **kwargs):
-            original(module, *args, **kwargs)
-            # only the outermost __init__ of this object partitions (subclasses call super)
-            if _outermost_init(module, cls):
-                partition_module(module, partitioner, dtype, recurse=False)
-
-        __init__._ds_zero_init = True
-        cls.__init__ = __init__
-        self._patched.append((cls, "__init__", original, False))
-
-    def _unpatch(self):
-        for cls, name, original, _ in reversed(self._patched):
-            setattr(cls, name, original)
-        self._patched = []
-        if self._own_init_subclass is None:
-            del torch.nn.Module.__init_subclass__
-        else:
-            torch.nn.Module.__init_subclass__ = self._own_init_subclass
-
-
-def _outermost_init(module, cls):
-    """True when ``cls`` is the most derived class of ``module`` defining ``__init__``: that
-    call returns last, after every parameter of this module was created and initialised."""
-    for klass in type(module).__mro__:
-        if "__init__" in klass.__dict__:
-            return klass is cls
-    return False
-
-
-def _all_subclasses(cls):
-    seen = set()
-    stack = [cls]
-    while stack:
-        for sub in stack.pop().__subclasses__():
-            if sub not in seen:
-                seen.add(sub)
-                stack.append(sub)
-    return seen
+        patch_module_construction(
+            patches, lambda module: partition_module(module, partitioner, dtype, recurse=False))
+        if dtype is not None:
+            # looked up by name on each entry: transformers swaps it for the duration
+            patch_tensor_factories(patches, globals()["zero_wrapper_for_fp_tensor_constructor"],
+                                   dtype)
 
 
 def partition_module(module, partitioner, dtype=None, recurse=True):

@@ -29,6 +29,7 @@ from deepspeed.utils.z3_leaf_module import leaf_mark_edits, z3_leaf_module
 from deepspeed.zero.partition_parameters import (ZeroParamStatus, by_partitioner, gather_params,
                                                  is_zero_param, release_params)
 from deepspeed.zero.saved_views import SavedWeightViews
+from deepspeed.zero.torch_patches import ATTRIBUTE_WATCH
 
 EXTERNAL_PARAMS = "_ds_external_params"
 
@@ -66,39 +67,6 @@ def _wrap_outputs(output, gather):
     wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
     mapping = {id(t): w for t, w in zip(found, wrapped)}
     return map_tensors(output, lambda t: mapping.get(id(t), t))
-
-
-_ATTRIBUTE_WATCH = {"users": 0}
-
-
-def _install_attribute_watch():
-    """Route ``module.<parameter>`` reads through a check for not-yet-gathered ZeRO-3
-    parameters (automatic external-parameter detection). ``nn.Module.__getattr__`` only runs
-    for parameters, buffers and submodules, so ordinary attribute reads cost nothing extra.
-    Counted per coordinator: the last ``_remove_attribute_watch`` puts torch's own back, so
-    the patch does not outlive the engines that need it."""
-    _ATTRIBUTE_WATCH["users"] += 1
-    if "original" in _ATTRIBUTE_WATCH:
-        return
-    original = torch.nn.Module.__getattr__
-
-    def __getattr__(self, name):
-        value = original(self, name)
-        if (type(value) is torch.nn.Parameter or isinstance(value, torch.nn.Parameter)) \
-                and getattr(value, "ds_status", None) is ZeroParamStatus.NOT_AVAILABLE:
-            coordinator = getattr(value, "ds_coordinator", None)
-            if coordinator is not None and coordinator._running:
-                coordinator.fetch_external(value)
-        return value
-
-    _ATTRIBUTE_WATCH["original"] = original
-    torch.nn.Module.__getattr__ = __getattr__
-
-
-def _remove_attribute_watch():
-    _ATTRIBUTE_WATCH["users"] = max(_ATTRIBUTE_WATCH["users"] - 1, 0)
-    if _ATTRIBUTE_WATCH["users"] == 0 and "original" in _ATTRIBUTE_WATCH:
-        torch.nn.Module.__getattr__ = _ATTRIBUTE_WATCH.pop("original")
 
 
 def register_external_parameter(module, parameter):
@@ -209,7 +177,7 @@ class ParameterCoordinator:
         for param in params:
             param.ds_coordinator = self
         self._partitioners = [partitioner for partitioner, _ in by_partitioner(params)]
-        _install_attribute_watch()
+        ATTRIBUTE_WATCH.install()
         return self
 
     def remove(self):
@@ -221,7 +189,7 @@ class ParameterCoordinator:
             handle.remove()
         self._handles = []
         self._saved_views.unwind()
-        _remove_attribute_watch()
+        ATTRIBUTE_WATCH.restore()
 
     # ------------------------------------------------------------------ hooks
     def _pre_forward(self, module, args):

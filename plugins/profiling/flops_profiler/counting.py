@@ -1,14 +1,12 @@
-"""How many flops and MACs each profiled torch op costs, and the patching that records them.
+"""How many flops and MACs each profiled torch op costs.
 
-Counting happens by wrapping ``torch.nn.functional`` functions and a few ``torch`` / ``Tensor``
-ops while a profile runs, so a custom module that calls ``F.linear`` directly is counted as well
-as ``nn.Linear``. Each rule receives the op's output followed by the op's own arguments and
+``op_rules`` names every op the profiler wraps (``torch_patches`` does the wrapping) with the rule
+that prices it. Each rule receives the op's output followed by the op's own arguments and
 returns ``(flops, macs)``. Conventions: a multiply-accumulate is 2 flops; a linear layer's bias
 add is not counted (matmul-style ops report 2·MACs), a convolution's is; element-wise ops
 (activations, pooling, softmax, add/mul) cost one flop per element and no MACs.
 """
 import math
-import threading
 
 import torch
 import torch.nn.functional as F
@@ -153,7 +151,7 @@ _POOLS = ("avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", 
 
 
 # Argument checks run before the op, so a bad call fails with the profiler's message.
-_PRECHECKS = {"conv1d": _check_conv, "conv2d": _check_conv, "conv3d": _check_conv,
+PRECHECKS = {"conv1d": _check_conv, "conv2d": _check_conv, "conv3d": _check_conv,
               "conv_transpose1d": _check_conv_transpose,
               "conv_transpose2d": _check_conv_transpose,
               "conv_transpose3d": _check_conv_transpose,
@@ -161,9 +159,9 @@ _PRECHECKS = {"conv1d": _check_conv, "conv2d": _check_conv, "conv3d": _check_con
               "upsample_nearest": _check_interpolate, "upsample_bilinear": _check_interpolate}
 
 
-def _rules():
-    """(owner, attribute, rule) for every op the profiler wraps; absent attributes are skipped
-    so an older or newer torch loses only the ops it lacks."""
+def op_rules():
+    """(owner, attribute, rule) for every op the profiler wraps (``torch_patches``); absent
+    attributes are skipped so an older or newer torch loses only the ops it lacks."""
     functional = {
         "linear": _linear,
         "conv1d": _conv, "conv2d": _conv, "conv3d": _conv,
@@ -186,70 +184,3 @@ def _rules():
     rules.append((torch.Tensor, "__matmul__", _matmul))
     rules.append((torch, "einsum", _einsum))
     return [(owner, name, rule) for owner, name, rule in rules if hasattr(owner, name)]
-
-
-class OpRecorder:
-    """Installs the wrappers and routes each op's cost to the innermost profiled module.
-
-    Only the outermost wrapped call is counted, so an op implemented through another wrapped op
-    is not counted twice. One recorder may be installed at a time: two would wrap each other."""
-
-    _installed = None
-    _lock = threading.Lock()
-
-    def __init__(self):
-        self.frames = []  # per active module: list of (op, flops, macs), or None when ignored
-        self._originals = []
-        self._depth = 0
-
-    @property
-    def installed(self):
-        return OpRecorder._installed is self
-
-    def install(self):
-        with OpRecorder._lock:
-            if OpRecorder._installed is self:
-                return
-            if OpRecorder._installed is not None:
-                raise RuntimeError("another FlopsProfiler is already profiling; call "
-                                   "stop_profile() on it before starting this one")
-            OpRecorder._installed = self
-        for owner, name, rule in _rules():
-            original = getattr(owner, name)
-            self._originals.append((owner, name, original))
-            setattr(owner, name, self._wrap(name, original, rule, owner is F))
-
-    def uninstall(self):
-        with OpRecorder._lock:
-            if OpRecorder._installed is not self:
-                return
-            for owner, name, original in reversed(self._originals):
-                setattr(owner, name, original)
-            self._originals = []
-            self.frames = []
-            OpRecorder._installed = None
-
-    def _wrap(self, name, original, rule, owner_is_functional):
-        recorder = self
-        precheck = _PRECHECKS.get(name) if owner_is_functional else None
-
-        def counted(*args, **kwargs):
-            if recorder._depth or not recorder.frames:
-                return original(*args, **kwargs)
-            if precheck is not None:
-                precheck(*args, **kwargs)
-            recorder._depth += 1
-            try:
-                out = original(*args, **kwargs)
-            finally:
-                recorder._depth -= 1
-            frame = recorder.frames[-1]
-            if frame is not None:
-                flops, macs = rule(out, *args, **kwargs)
-                frame.append((name, flops, macs))
-            return out
-
-        counted.__name__ = getattr(original, "__name__", name)
-        counted.__doc__ = getattr(original, "__doc__", None)
-        counted.__wrapped__ = original
-        return counted

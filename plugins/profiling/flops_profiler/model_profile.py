@@ -45,11 +45,13 @@ def get_model_profile(model, input_shape=None, args=[], kwargs={}, print_profile
     with torch.no_grad():
         for _ in range(warm_up):
             run(*call_args, **call_kwargs)
-        profiler.start_profile(ignore_list=ignore_modules)
         try:
+            profiler.start_profile(ignore_list=ignore_modules)
             run(*call_args, **call_kwargs)
-        finally:
-            profiler.stop_profile()
+        except BaseException:
+            profiler.end_profile()  # torch's own ops back, and no hooks left on the model
+            raise
+        profiler.stop_profile()
     flops = profiler.get_total_flops()
     macs = profiler.get_total_macs()
     params = profiler.get_total_params()

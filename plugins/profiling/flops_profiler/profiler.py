@@ -1,6 +1,6 @@
 """``FlopsProfiler``: per-module flops, MACs, params and forward latency of a model.
 
-Module hooks open a frame for each module call; the op wrappers of ``counting`` add each op's
+Module hooks open a frame for each module call; the op wrappers of ``torch_patches`` add each op's
 cost to the innermost open frame, so every op is charged to exactly one module and a module's
 total is its own ops plus its children's. The profile lives in attributes on the modules
 (``__flops__``, ``__macs__``, ``__params__``, ``__duration__``) so it can be read while walking
@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from deepspeed.profiling.flops_profiler.counting import OpRecorder
+from deepspeed.profiling.flops_profiler.torch_patches import OpRecorder
 from deepspeed.profiling.flops_profiler.units import (duration_to_string, macs_to_string,
                                                       number_to_string, params_to_string)
 
@@ -50,6 +50,12 @@ class FlopsProfiler:
         self._starts = {}
         self.latencies = {}  # "bwd" / "step" seconds, filled by the engine integration
 
+    @property
+    def op_recorder(self):
+        """What wraps torch's ops while profiling (``torch_patches.OpRecorder``); it holds no
+        reference to the model or the engine, so a finalizer may hold it."""
+        return self._recorder
+
     # ------------------------------------------------------------------ lifecycle
     def start_profile(self, ignore_list=None):
         """Hook every module (modules whose type is in ``ignore_list``, and everything they
@@ -57,7 +63,11 @@ class FlopsProfiler:
         self.reset_profile()
         ignore = tuple(ignore_list or ())
         self._hook_modules(self.model, ignore, ignored=False)
-        self._recorder.install()
+        try:
+            self._recorder.install()
+        except BaseException:
+            self.end_profile()  # refused (another profiler runs) or failed: leave no hooks
+            raise
         self.func_patched = True
         self.started = True
 

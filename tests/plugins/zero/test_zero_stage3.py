@@ -492,17 +492,18 @@ def test_the_16bit_save_face_hf_trainer_calls(dist_pool):
 
 def _destroy_restores_torch():
     import deepspeed
-    from deepspeed.zero.stage3 import _ATTRIBUTE_WATCH
+    from deepspeed.utils import patching
+    from deepspeed.zero.torch_patches import ATTRIBUTE_WATCH
 
     # engines of earlier tests in this worker may still hold the watch: count from here
-    users = _ATTRIBUTE_WATCH["users"]
-    torch_own = _ATTRIBUTE_WATCH.get("original", torch.nn.Module.__getattr__)
+    users = ATTRIBUTE_WATCH.users
+    torch_own = patching.original(torch.nn.Module, "__getattr__")
     config = {"train_micro_batch_size_per_gpu": MICRO,
               "optimizer": {"type": "AdamW", "params": {"lr": LR}},
               "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
     first, *_ = deepspeed.initialize(model=_mlp(), config=config)
     second, *_ = deepspeed.initialize(model=_mlp(), config=config)
-    counted = _ATTRIBUTE_WATCH["users"] - users
+    counted = ATTRIBUTE_WATCH.users - users
     patched = torch.nn.Module.__getattr__ is not torch_own
     x = torch.randn(MICRO, 9)
     first.backward(first(x).pow(2).mean())
@@ -512,7 +513,7 @@ def _destroy_restores_torch():
     second.backward(second(x).pow(2).mean())  # and still trains
     second.step()
     second.destroy()
-    released = _ATTRIBUTE_WATCH["users"] == users
+    released = ATTRIBUTE_WATCH.users == users
     restored = users > 0 or torch.nn.Module.__getattr__ is torch_own
     hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
                 for engine in (first, second) for m in engine.module.modules())
@@ -533,19 +534,19 @@ def _dropped_engine_releases_the_watch():
     import gc
 
     import deepspeed
-    from deepspeed.zero.stage3 import _ATTRIBUTE_WATCH
+    from deepspeed.zero.torch_patches import ATTRIBUTE_WATCH
 
-    users = _ATTRIBUTE_WATCH["users"]
+    users = ATTRIBUTE_WATCH.users
     config = {"train_micro_batch_size_per_gpu": MICRO,
               "optimizer": {"type": "AdamW", "params": {"lr": LR}},
               "zero_optimization": {"stage": 3}}
     engine, *_ = deepspeed.initialize(model=_mlp(), config=config)
     engine.backward(engine(torch.randn(MICRO, 9)).pow(2).mean())
     engine.step()
-    held = _ATTRIBUTE_WATCH["users"] - users
+    held = ATTRIBUTE_WATCH.users - users
     del engine
     gc.collect()
-    return held, _ATTRIBUTE_WATCH["users"] - users
+    return held, ATTRIBUTE_WATCH.users - users
 
 
 def test_an_engine_dropped_without_destroy_releases_the_attribute_watch(dist_pool):
