@@ -10,6 +10,7 @@
 import sys
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
 HERE = Path(__file__).resolve().parent
@@ -23,6 +24,7 @@ CONFIG_PAGE = "reference/config.md"
 API_SOURCE_TREE = "build/docs/api_src"  # relative to mkdocs.yml; mkdocs.yml's handler `paths`
 
 
+@event_priority(100)  # before mkdocstrings' on_config: griffe drops search paths that do not exist yet
 def on_config(config):
     root = Path(config.config_file_path).resolve().parent
     package_tree.build_tree(root / API_SOURCE_TREE, root)
