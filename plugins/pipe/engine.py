@@ -22,7 +22,6 @@ from deepspeed import comm as dist
 from deepspeed.engine import DeepSpeedEngine
 from deepspeed.pipe import schedule
 from deepspeed.pipe.p2p import PipelineError, StageLink
-from deepspeed.utils.logging import log_dist
 from deepspeed.utils.repeating_loader import RepeatingLoader
 
 TRAIN_LOSS = "Train/Samples/train_loss"
@@ -105,7 +104,6 @@ class PipelineEngine(DeepSpeedEngine):
                              f"parallelism: {train_batch_size} is not a multiple of micro batch "
                              f"{self.micro_batch_size} x data parallel {self.dp_world_size}")
         self.micro_batches = train_batch_size // per_micro
-        self.throughput.batch_size = self.train_batch_size()
 
     def set_dataiterator(self, iterator):
         """Only the first stage (inputs) and the last (labels) read data."""
@@ -393,23 +391,17 @@ class PipelineEngine(DeepSpeedEngine):
             load_module_only=load_module_only)
 
     # ------------------------------------------------------------------ clipping, progress
-    def _clip_gradients(self):
-        """Clip by the norm over every stage's gradients (tied copies counted once): the
-        precision policy (or ZeRO-1's partitions) sums over the pipe group too."""
-        clip = self.config.gradient_clipping
-        if not clip or clip <= 0:
-            return
-        group = self.pipe_group if self.num_stages > 1 else None
-        self._global_grad_norm = self.precision.clip_grad_norm(clip, norm_group=group)
+    def gradient_norm_group(self):
+        """Clipping measures the norm over every stage's gradients (tied copies counted once):
+        the precision policy (or ZeRO-1's partitions) sums over the pipe group too."""
+        return self.pipe_group if self.num_stages > 1 else None
 
-    def _report_progress(self):
-        every = self.config.steps_per_print
-        if not every or self.global_steps % every:
-            return
+    def progress_report(self):
+        """Upstream's pipeline line: the batch's loss and this batch's iteration time."""
         elapsed = time.time() - self._batch_started if self._batch_started else float("nan")
         loss = float(self.agg_train_loss) if self.agg_train_loss is not None else float("nan")
-        log_dist(f"steps: {self.global_steps} loss: {loss:0.4f} iter time (s): {elapsed:0.3f} "
-                 f"samples/sec: {self.train_batch_size() / elapsed:0.3f}", ranks=[0])
+        return (f"steps: {self.global_steps} loss: {loss:0.4f} iter time (s): {elapsed:0.3f} "
+                f"samples/sec: {self.train_batch_size() / elapsed:0.3f}")
 
 
 def _snake(name):
