@@ -408,7 +408,9 @@ def deepspeed_save_optimizer_state(engine: Engine, checkpoint_dir: str,
 @hookspec
 def deepspeed_save_checkpoint(engine: Engine, save_dir: str, tag: str, checkpoint_dir: str,
                               state: Dict[str, Any], exclude_frozen_parameters: bool) -> None:
-    """Add plugin state to a checkpoint being saved.
+    """Add files or file entries to a checkpoint being saved: per-rank files, and entries other
+    tools read (ZeRO's ``param_shapes``, the MoE expert layout). State the plugin itself gets
+    back on load goes through ``deepspeed_stateful`` instead.
 
     Called on every rank by ``save_checkpoint`` after the optimizer hook and before any file is
     written. ``state`` is the dict that data-parallel rank 0 writes to
@@ -470,10 +472,12 @@ def deepspeed_load_optimizer_state(engine: Engine, checkpoint_dir: str, tag: str
 def deepspeed_load_checkpoint(engine: Engine, load_dir: str, tag: str, checkpoint_dir: str,
                               state: Dict[str, Any], load_optimizer_states: bool,
                               load_lr_scheduler_states: bool, load_module_only: bool) -> None:
-    """Restore plugin state from a checkpoint.
+    """React to a loaded checkpoint (reset what the loaded state invalidates, read the entries
+    ``deepspeed_save_checkpoint`` added); ``Stateful`` objects are restored already.
 
     Called on every rank at the end of ``load_checkpoint``, after the core restored the module
-    and (unless ``load_module_only``) the optimizer, scheduler, counters and RNG. ``state`` is the
+    and (unless ``load_module_only``) the optimizer, scheduler, counters, RNG and the plugins'
+    ``deepspeed_stateful`` objects. ``state`` is the
     loaded model-states dict (read your entries from it); the flags are the caller's. Return
     value ignored.
     """
