@@ -3,7 +3,7 @@ member a plugin may use exists on a real engine from the first hook on; the memb
 for their users (``deepspeed_engine_attributes``) never replace one the engine has."""
 import pytest
 
-from deepspeed.hooks import Engine, hookimpl, protocol_members
+from deepspeed.hooks import Engine, protocol_members
 
 # declared before the object exists: the topology branch (issue 34) adds engine.topology, and
 # the check below fails once it exists so that this entry is removed with the merge
@@ -61,27 +61,19 @@ def test_the_engine_has_every_declared_member_from_its_first_hook(dist_pool, pip
         assert set(built) == set(PENDING), "a pending member exists now: remove it from PENDING"
 
 
-class _Adds:
-    def __init__(self, **attributes):
-        self.attributes = attributes
+def _adds(**attributes):
+    from deepspeed.testing.hooks import plugin_answering
 
-    @hookimpl
-    def deepspeed_engine_attributes(self):
-        return self.attributes
+    return plugin_answering(engine_attributes=attributes)
 
 
-class _EngineStandIn:
-    """What ``_attach_plugin_attributes`` needs of an engine: hooks and existing members."""
+def _engine_with(**plugins):
+    """What ``_attach_plugin_attributes`` needs of an engine: hooks, and a member to clash with."""
+    from deepspeed.testing.hooks import engine_stand_in
 
-    module = "the model"
-
-    def __init__(self, **plugins):
-        from deepspeed.plugin_manager import new_hook_manager
-
-        manager = new_hook_manager()
-        for name, plugin in plugins.items():
-            manager.register(plugin, name=name)
-        self.hook = manager.hook
+    engine = engine_stand_in(**plugins)
+    engine.module = "the model"
+    return engine
 
 
 def _attach(engine):
@@ -91,17 +83,17 @@ def _attach(engine):
 
 
 def test_plugins_add_members_for_users_through_the_hook():
-    engine = _EngineStandIn(alpha=_Adds(get_theta=lambda: 0.5, scheduler=None))
+    engine = _engine_with(alpha=_adds(get_theta=lambda: 0.5, scheduler=None))
     _attach(engine)
     assert engine.get_theta() == 0.5 and engine.scheduler is None
 
 
 @pytest.mark.parametrize("plugins,message", [
-    ({"alpha": _Adds(module=1)}, "plugin 'alpha' adds engine attribute 'module', which the engine"
+    ({"alpha": _adds(module=1)}, "plugin 'alpha' adds engine attribute 'module', which the engine"
                                  " already has"),
-    ({"alpha": _Adds(theta=1), "beta": _Adds(theta=2)},
+    ({"alpha": _adds(theta=1), "beta": _adds(theta=2)},
      "adds engine attribute 'theta', which plugin '(alpha|beta)' already has"),
 ])
 def test_an_added_member_never_replaces_another(plugins, message):
     with pytest.raises(AttributeError, match=message):
-        _attach(_EngineStandIn(**plugins))
+        _attach(_engine_with(**plugins))

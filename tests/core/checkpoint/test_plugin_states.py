@@ -9,7 +9,12 @@ import torch
 from deepspeed.checkpoint.atomic import CheckpointFormatError
 from deepspeed.checkpoint.model_state import PLUGIN_STATES, plugin_states, restore_plugin_states
 from deepspeed.hooks import hookimpl
-from deepspeed.plugin_manager import new_hook_manager
+from deepspeed.testing.hooks import engine_stand_in, plugin_answering
+
+
+def stateful(**objects):
+    """A plugin handing the engine ``objects`` through ``deepspeed_stateful``."""
+    return plugin_answering(stateful=objects)
 
 
 class Counter:
@@ -23,26 +28,9 @@ class Counter:
         self.value = int(state_dict["value"])
 
 
-class CountingPlugin:
-    def __init__(self, **objects):
-        self.objects = objects
-
-    @hookimpl
-    def deepspeed_stateful(self):
-        return self.objects
-
-
-class EngineStandIn:
-    def __init__(self, **plugins):
-        manager = new_hook_manager()
-        for name, plugin in plugins.items():
-            manager.register(plugin, name=name)
-        self.hook = manager.hook
-
-
 def test_states_are_filed_under_each_plugin_and_restored():
-    saving = EngineStandIn(alpha=CountingPlugin(steps=Counter(3), seen=Counter(7)),
-                           beta=CountingPlugin(steps=Counter(5)), gamma=CountingPlugin())
+    saving = engine_stand_in(alpha=stateful(steps=Counter(3), seen=Counter(7)),
+                             beta=stateful(steps=Counter(5)), gamma=stateful())
     saved = plugin_states(saving, what="checkpoint 't'")
     assert set(saved) == {"alpha", "beta"}  # a plugin handing over nothing has no entry
     assert saved["alpha"]["steps"]["value"] == 3 and saved["beta"]["steps"]["value"] == 5
@@ -50,8 +38,8 @@ def test_states_are_filed_under_each_plugin_and_restored():
 
     alpha, beta = Counter(), Counter()
     untouched = Counter(11)
-    loading = EngineStandIn(alpha=CountingPlugin(steps=alpha, seen=Counter()),
-                            beta=CountingPlugin(steps=beta, extra=untouched))
+    loading = engine_stand_in(alpha=stateful(steps=alpha, seen=Counter()),
+                              beta=stateful(steps=beta, extra=untouched))
     restore_plugin_states(loading, {PLUGIN_STATES: saved, "steps": {"value": 99}})
     # the same name under two plugins stays apart; an object the file lacks keeps its state
     assert (alpha.value, beta.value, untouched.value) == (3, 5, 11)
@@ -59,7 +47,7 @@ def test_states_are_filed_under_each_plugin_and_restored():
 
 def test_a_file_from_before_plugin_states_is_read_from_the_top_level():
     restored = Counter()
-    engine = EngineStandIn(alpha=CountingPlugin(ds_alpha=restored, missing=Counter(4)))
+    engine = engine_stand_in(alpha=stateful(ds_alpha=restored, missing=Counter(4)))
     restore_plugin_states(engine, {"global_steps": 2, "ds_alpha": {"value": 6}})
     assert restored.value == 6
     # with a plugin_states entry the top level is never read, even under the same name
@@ -75,13 +63,13 @@ def test_state_that_would_not_load_weights_only_fails_the_save_naming_it():
         def load_state_dict(self, state_dict):
             pass
 
-    engine = EngineStandIn(alpha=CountingPlugin(opaque=Opaque()))
+    engine = engine_stand_in(alpha=stateful(opaque=Opaque()))
     with pytest.raises(CheckpointFormatError, match=r"plugin_states\['alpha'\]\['opaque'\]"):
         plugin_states(engine, what="checkpoint 't'")
 
 
 def test_an_object_that_is_not_stateful_is_refused_naming_plugin_and_entry():
-    engine = EngineStandIn(alpha=CountingPlugin(thing=object()))
+    engine = engine_stand_in(alpha=stateful(thing=object()))
     with pytest.raises(TypeError, match=r"plugin 'alpha'.*'thing'.*missing load_state_dict, "
                                         r"state_dict"):
         plugin_states(engine, what="checkpoint 't'")
@@ -96,5 +84,5 @@ def test_each_implementation_gets_the_arguments_it_asks_for():
             seen.append(engine)
             return {}
 
-    engine = EngineStandIn(alpha=WantsEngine())
+    engine = engine_stand_in(alpha=WantsEngine())
     assert plugin_states(engine, what="t") == {} and seen == [engine]
