@@ -477,9 +477,8 @@ def deepspeed_load_checkpoint(engine: Engine, load_dir: str, tag: str, checkpoin
 
     Called on every rank at the end of ``load_checkpoint``, after the core restored the module
     and (unless ``load_module_only``) the optimizer, scheduler, counters, RNG and the plugins'
-    ``deepspeed_stateful`` objects. ``state`` is the
-    loaded model-states dict (read your entries from it); the flags are the caller's. Return
-    value ignored.
+    ``deepspeed_stateful`` objects. ``state`` is the loaded model-states dict (read your entries
+    from it); the flags are the caller's. Return value ignored.
     """
 
 
@@ -520,8 +519,9 @@ class Engine(Protocol):
     writes, calls or (in an engine subclass) overrides, and nothing private. The boundary test
     (``tests/core/test_plugin_boundary.py``) fails a plugin that touches any other engine member
     or probes the engine with ``getattr`` / ``hasattr``. ``DeepSpeedEngine`` and its subclasses
-    implement it; every member exists from the first hook (the optimizer ones are None until
-    ``deepspeed_engine_init`` has returned). A plugin that provides an engine subclass through
+    implement it; every member exists from ``deepspeed_engine_init`` on (the optimizer ones are
+    None until it has returned; ``deepspeed_model_parallel_unit``, asked earlier, may use
+    ``module``, ``config`` and ``mpu``). A plugin that provides an engine subclass through
     ``deepspeed_engine_for_model`` may also use what that subclass adds, in its own package.
     Features a plugin adds to the engine for its users go through
     ``deepspeed_engine_attributes``, never onto the engine directly."""
@@ -534,7 +534,9 @@ class Engine(Protocol):
     hook: pluggy.HookRelay  # the enabled plugins' hooks, for an engine subclass's own step
     plugins: pluggy.PluginManager  # the enabled plugins (``plugins.has_plugin("pipe")``)
     # ---- parallelism
-    topology: Any  # the process groups of this engine (its type: the topology object, issue 34)
+    # the object owning this engine's process groups; Any until the topology branch (issue 34)
+    # defines its type
+    topology: Any
     mpu: Any  # the model-parallel unit (``get_data_parallel_group()`` ...) or None
     dp_group: Any  # the data-parallel process group gradients are averaged over
     dp_world_size: int  # ranks in ``dp_group``

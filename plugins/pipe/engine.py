@@ -5,9 +5,9 @@ stage following ``TrainSchedule`` (synchronous 1F1B): each step of the schedule 
 of instructions, each executed by its ``_exec_*`` method (``_INSTRUCTION_MAP``). Activations
 and their gradients move between adjacent stages through ``p2p.StageLink``; gradients are
 reduced over the stage's data-parallel group by the core (or ZeRO-1 through its hook), tied
-weights over the stages sharing them, and the optimizer steps through ``DeepSpeedEngine.step`` at the end. So the
-precision policies, LR schedules, ZeRO-1, monitors and checkpoints of the base engine work
-unchanged; only ``forward`` / ``backward`` / ``step`` are closed to the user
+weights over the stages sharing them, and the optimizer steps through ``DeepSpeedEngine.step``
+at the end. So the precision policies, LR schedules, ZeRO-1, monitors and checkpoints of the
+base engine work unchanged; only ``forward`` / ``backward`` / ``step`` are closed to the user
 (``PipelineError``), as upstream.
 
 The returned loss is the mean of the batch's micro-batch losses, averaged over the data-parallel

@@ -1,6 +1,7 @@
 """``DeepSpeedEngine`` and the ``PipelineEngine`` implement ``deepspeed.hooks.Engine``: every
-member a plugin may use exists on a real engine from the first hook on; the members plugins add
-for their users (``deepspeed_engine_attributes``) never replace one the engine has."""
+member a plugin may use exists on a real engine from ``deepspeed_engine_init`` on; the members
+plugins add for their users (``deepspeed_engine_attributes``) never replace one the engine
+has."""
 import pytest
 
 from deepspeed.hooks import Engine, protocol_members
@@ -11,7 +12,7 @@ PENDING = {"topology": "the topology object of issue 34 (branch topology)"}
 
 
 def _members_seen_by_hooks(pipeline):
-    """The Engine members missing on the engine, asked from its first hook and once built."""
+    """The Engine members missing on the engine, asked in deepspeed_engine_init and once built."""
     import torch
 
     import deepspeed
@@ -54,7 +55,7 @@ def _members_seen_by_hooks(pipeline):
 
 
 @pytest.mark.parametrize("pipeline", [False, True])
-def test_the_engine_has_every_declared_member_from_its_first_hook(dist_pool, pipeline):
+def test_the_engine_has_every_declared_member_from_engine_init_on(dist_pool, pipeline):
     for kind, at_init, built in dist_pool.run(_members_seen_by_hooks, args=(pipeline,)):
         assert kind == ("PipelineEngine" if pipeline else "DeepSpeedEngine")
         assert set(at_init) <= set(PENDING) and set(built) <= set(PENDING), (at_init, built)
