@@ -46,6 +46,10 @@ class DeepSpeedEngine(torch.nn.Module):
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
+        # built after deepspeed_engine_init; None until then (members of deepspeed.hooks.Engine)
+        self.basic_optimizer = self.optimizer = self.precision = self.lr_scheduler = None
+        self.training_dataloader = None
+        self.enable_backward_allreduce = True  # upstream's flag; the 1-bit optimizers clear it
         self._boundary_override = None
         self._inside_no_sync = False
         self._global_grad_norm = None
@@ -84,11 +88,12 @@ class DeepSpeedEngine(torch.nn.Module):
         if training_dtype(config) != torch.float32:  # fp32 leaves the user's dtypes alone
             self.module.to(training_dtype(config))
         self.timers = SynchronizedWallClockTimer() if config.wall_clock_breakdown else NoopTimer()
-        self.throughput = ThroughputTimer(config.train_batch_size)
+        self.throughput = ThroughputTimer()
 
         self._subscribe_comm_events()
         self._configure_activation_checkpointing()
         self.hook.deepspeed_engine_init(engine=self, config=config)
+        self._attach_plugin_attributes()
 
         self.basic_optimizer, self.optimizer, self.precision = self._configure_optimizer(optimizer)
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
@@ -112,6 +117,22 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.hook.deepspeed_comm_op.get_hookimpls():
             self._comm_observer = _EngineCommObserver(self)
             dist.add_comm_observer(self._comm_observer)
+
+    def _attach_plugin_attributes(self):
+        """What plugins expose on the engine for their users (``deepspeed_engine_attributes``)."""
+        from deepspeed.plugin_manager import call_each_plugin
+
+        owners = {}
+        for plugin, attributes in call_each_plugin(self.hook.deepspeed_engine_attributes,
+                                                   engine=self):
+            for name, value in (attributes or {}).items():
+                if name in owners or hasattr(self, name):
+                    raise AttributeError(
+                        f"plugin '{plugin}' adds engine attribute '{name}', which "
+                        f"{'plugin ' + repr(owners[name]) if name in owners else 'the engine'}"
+                        f" already has")
+                owners[name] = plugin
+                object.__setattr__(self, name, value)
 
     def destroy(self):
         """Finish a background checkpoint write and detach this engine from process-wide
@@ -319,7 +340,7 @@ class DeepSpeedEngine(torch.nn.Module):
             self.precision.zero_grad()
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
-            self.throughput.step()
+            self.throughput.step(self.train_batch_size())
         self.micro_steps += 1
         self._boundary_override = None
         self.timers("step").stop()
@@ -334,23 +355,33 @@ class DeepSpeedEngine(torch.nn.Module):
         (a full pass over the gradients every step), and ``get_global_grad_norm()`` is None."""
         clip = self.config.gradient_clipping
         if clip and clip > 0:
-            self._global_grad_norm = (self.precision.clip_grad_norm(clip)
-                                      if self._norm_group is None else
-                                      self.precision.clip_grad_norm(clip,
-                                                                    norm_group=self._norm_group))
+            group = self.gradient_norm_group()
+            self._global_grad_norm = (self.precision.clip_grad_norm(clip) if group is None else
+                                      self.precision.clip_grad_norm(clip, norm_group=group))
+
+    def gradient_norm_group(self):
+        """The ranks holding the model's other parameters, whose gradients the global norm sums
+        too: the model-parallel group of a plugin's unit (AutoTP), else None. A template method:
+        the pipeline engine answers its pipe group."""
+        return self._norm_group
 
     def _report_progress(self):
         every = self.config.steps_per_print
         if not every or self.global_steps == 0 or self.global_steps % every:
             return
-        current, average = self.throughput.report()
-        loss = None if self._last_loss is None else \
-            self._last_loss.item() * self.gradient_accumulation_steps()
-        log_dist(f"step={self.global_steps}, skipped={self.skipped_steps}, lr={self.get_lr()}, "
-                 f"loss={loss}, samples/sec={current:.2f} (avg {average:.2f})", ranks=[0])
+        log_dist(self.progress_report(), ranks=[0])
         # the engine's own phases first, then any a plugin timed (ZeRO's reduce / all-gather)
         self.timers.log(list(STEP_TIMERS) + [name for name in self.timers.names()
                                              if name not in STEP_TIMERS])
+
+    def progress_report(self):
+        """The line logged every ``steps_per_print`` steps (a template method an engine subclass
+        overrides); samples/sec covers the steps since the previous report."""
+        current, average = self.throughput.report()
+        loss = None if self._last_loss is None else \
+            self._last_loss.item() * self.gradient_accumulation_steps()
+        return (f"step={self.global_steps}, skipped={self.skipped_steps}, lr={self.get_lr()}, "
+                f"loss={loss}, samples/sec={current:.2f} (avg {average:.2f})")
 
     # ------------------------------------------------------------------ queries and switches
     @contextmanager

@@ -20,18 +20,31 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
   Other hooks call every implementation; their return values are ignored unless documented.
-- Arguments are passed by keyword. ``engine`` is the ``DeepSpeedEngine`` calling the hook.
+- Arguments are passed by keyword. ``engine`` is the ``DeepSpeedEngine`` calling the hook; what
+  a plugin may use of it is the ``Engine`` protocol below, and nothing else.
 
 Besides the hooks, the objects that cross the boundary are declared here as ``typing.Protocol``
-classes (the precision policy a wrapping plugin returns, a comms logger, a monitor, the engine's
-timers, the per-parameter state access behind ``deepspeed.utils.safe_get_*``): a plugin written
-from this file alone can take part in every interaction the core has with plugins. Anything a
-plugin or the core needs from the other and that is not listed here is a bug in this file.
+classes (the engine itself, the precision policy a wrapping plugin returns, a comms logger, a
+monitor, the engine's timers, a plugin's checkpointed ``Stateful`` objects, the per-parameter
+state access behind ``deepspeed.utils.safe_get_*``): a plugin written from this file alone
+can take part in every interaction the core has with plugins. Anything a plugin or the core
+needs from the other and that is not listed here is a bug in this file.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol,
+                    Sequence, Tuple, Union, runtime_checkable)
 
 import pluggy
+
+if TYPE_CHECKING:  # annotations only: importing this file loads neither torch nor the core
+    import argparse
+
+    import torch
+
+    from deepspeed.comm import CommRecord, CommsLoggerSettings
+    from deepspeed.config import DeepSpeedConfig
 
 PROJECT_NAME = "deepspeed"
 
@@ -43,7 +56,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 # Configuration
 # ---------------------------------------------------------------------------------------------
 @hookspec
-def deepspeed_config_sections():
+def deepspeed_config_sections() -> Optional[Dict[str, type]]:
     """Return the top-level config sections this plugin owns.
 
     Returns a ``dict`` mapping a top-level key (e.g. ``"zero_optimization"``) to a
@@ -65,7 +78,7 @@ class EngineChoice:
 
 
 @hookspec(firstresult=True)
-def deepspeed_engine_for_model(model):
+def deepspeed_engine_for_model(model: torch.nn.Module) -> Optional[EngineChoice]:
     """Claim ``model``: return an ``EngineChoice`` when this plugin's engine must drive it (a
     ``PipelineModule`` gets the ``PipelineEngine``), None otherwise; first result wins.
 
@@ -75,7 +88,7 @@ def deepspeed_engine_for_model(model):
 
 
 @hookspec
-def deepspeed_enable_for_model(model):
+def deepspeed_enable_for_model(model: torch.nn.Module) -> Optional[bool]:
     """Return True when this plugin must take part in the engine built for ``model`` whatever
     the config says (``deepspeed.moe`` for a model holding MoE layers: their checkpoints and
     the features that must know expert groups). Asked of every installed plugin, like
@@ -83,7 +96,8 @@ def deepspeed_enable_for_model(model):
 
 
 @hookspec(firstresult=True)
-def deepspeed_batch_size(config, world_size):
+def deepspeed_batch_size(config: Dict[str, Any],
+                         world_size: int) -> Optional[Tuple[int, int, int]]:
     """Decide the batch triangle yourself (first result wins): elastic training fixes one
     global batch size for many world sizes, so the config's own batch keys do not apply.
 
@@ -96,7 +110,7 @@ def deepspeed_batch_size(config, world_size):
 
 
 @hookspec(firstresult=True)
-def deepspeed_launcher_command(args, argv):
+def deepspeed_launcher_command(args: argparse.Namespace, argv: List[str]) -> Optional[int]:
     """Run the ``deepspeed`` command yourself for a launcher flag your plugin owns
     (``--autotuning``, ``--elastic_training``), first result wins.
 
@@ -110,7 +124,8 @@ def deepspeed_launcher_command(args, argv):
 
 
 @hookspec(firstresult=True)
-def deepspeed_init_inference(model, config, kwargs):
+def deepspeed_init_inference(model: torch.nn.Module, config: Union[Dict[str, Any], str, None],
+                             kwargs: Dict[str, Any]) -> Optional[torch.nn.Module]:
     """Build the inference engine of ``deepspeed.init_inference(model, config, **kwargs)``
     (first result wins): ``config`` is what the caller passed (a dict, a JSON file path or
     None), ``kwargs`` the keyword arguments as a dict. Return the engine (upstream's
@@ -123,7 +138,9 @@ def deepspeed_init_inference(model, config, kwargs):
 
 
 @hookspec(firstresult=True)
-def deepspeed_tp_model_init(model, tp_size, dtype, config, kwargs):
+def deepspeed_tp_model_init(model: torch.nn.Module, tp_size: int, dtype: Optional[torch.dtype],
+                            config: Union[Dict[str, Any], str, None],
+                            kwargs: Dict[str, Any]) -> Optional[torch.nn.Module]:
     """Split ``model`` for tensor-parallel training over ``tp_size`` ranks
     (``deepspeed.tp_model_init(model, tp_size, dtype, config=None, **kwargs)``, which
     Transformers calls before ``deepspeed.initialize`` when the config sets
@@ -140,7 +157,7 @@ def deepspeed_tp_model_init(model, tp_size, dtype, config, kwargs):
 # Engine set-up, in the order the engine calls them
 # ---------------------------------------------------------------------------------------------
 @hookspec(firstresult=True)
-def deepspeed_model_parallel_unit(engine, config, mpu):
+def deepspeed_model_parallel_unit(engine: Engine, config: DeepSpeedConfig, mpu: Any) -> Any:
     """The model-parallel unit (an ``mpu``: ``get_data_parallel_group()``,
     ``get_model_parallel_group()`` ...) of an engine whose plugin splits the model itself
     (AutoTP training), first result wins. ``mpu`` is the caller's (``deepspeed.initialize(
@@ -160,7 +177,7 @@ def deepspeed_model_parallel_unit(engine, config, mpu):
 
 
 @hookspec
-def deepspeed_engine_init(engine, config):
+def deepspeed_engine_init(engine: Engine, config: DeepSpeedConfig) -> None:
     """Called once per engine, after the config is validated, the distributed backend is up and
     the model sits on its device, and before the optimizer is created or wrapped.
 
@@ -169,8 +186,19 @@ def deepspeed_engine_init(engine, config):
     """
 
 
+@hookspec
+def deepspeed_engine_attributes(engine: Engine) -> Optional[Dict[str, Any]]:
+    """Return ``{name: value}`` the engine exposes to its users for this plugin: upstream's
+    per-feature engine members (``engine.get_pld_theta()``, ``engine.quantize_bits()``). A
+    callable is called with the user's arguments only (close over the engine if it needs it).
+
+    Called once, right after ``deepspeed_engine_init``. The core sets the names on the engine; a
+    name the engine already has, or that two plugins return, is an error naming them. Plugins
+    never set attributes on the engine themselves."""
+
+
 @hookspec(firstresult=True)
-def deepspeed_optimizer_device(engine):
+def deepspeed_optimizer_device(engine: Engine) -> Optional[str]:
     """The device type the basic optimizer will step on when a plugin keeps the fp32 master
     weights somewhere other than the parameters' device (first result wins): ZeRO-Offload
     answers ``"cpu"`` for ``offload_optimizer.device`` cpu or nvme, so the core builds
@@ -178,7 +206,8 @@ def deepspeed_optimizer_device(engine):
 
 
 @hookspec(firstresult=True)
-def deepspeed_build_optimizer(engine, name, params, optimizer_params):
+def deepspeed_build_optimizer(engine: Engine, name: str, params: Iterable[Any],
+                              optimizer_params: Dict[str, Any]) -> Optional[torch.optim.Optimizer]:
     """Build the optimizer the config names when the core does not know ``name`` (first result
     wins).
 
@@ -189,7 +218,8 @@ def deepspeed_build_optimizer(engine, name, params, optimizer_params):
 
 
 @hookspec(firstresult=True)
-def deepspeed_wrap_optimizer(engine, optimizer):
+def deepspeed_wrap_optimizer(engine: Engine, optimizer: Optional[torch.optim.Optimizer]
+                             ) -> Optional[PrecisionPolicy]:
     """Offer to replace the optimizer the engine will step (first result wins).
 
     ``optimizer`` is the basic optimizer built from the config or given by the client (may be
@@ -205,12 +235,14 @@ def deepspeed_wrap_optimizer(engine, optimizer):
 # The training step
 # ---------------------------------------------------------------------------------------------
 @hookspec
-def deepspeed_before_forward(engine, args, kwargs):
+def deepspeed_before_forward(engine: Engine, args: Tuple[Any, ...],
+                             kwargs: Dict[str, Any]) -> None:
     """Called at the start of ``engine(*args, **kwargs)``, before the module runs."""
 
 
 @hookspec(firstresult=True)
-def deepspeed_forward_inputs(engine, args, kwargs):
+def deepspeed_forward_inputs(engine: Engine, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                             ) -> Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]]:
     """Replace the inputs of this ``engine(*args, **kwargs)`` call (first result wins).
 
     Called after ``deepspeed_before_forward``. Return ``(args, kwargs)`` to run the module on
@@ -220,17 +252,17 @@ def deepspeed_forward_inputs(engine, args, kwargs):
 
 
 @hookspec
-def deepspeed_after_forward(engine, output):
+def deepspeed_after_forward(engine: Engine, output: Any) -> None:
     """Called after the module's forward returned ``output``."""
 
 
 @hookspec
-def deepspeed_before_backward(engine, loss):
+def deepspeed_before_backward(engine: Engine, loss: torch.Tensor) -> None:
     """Called at the start of ``engine.backward(loss)``, before autograd runs."""
 
 
 @hookspec(firstresult=True)
-def deepspeed_reduce_gradients(engine):
+def deepspeed_reduce_gradients(engine: Engine) -> Optional[bool]:
     """Reduce the gradients across the data-parallel group at an accumulation boundary.
 
     Return True when the plugin did the reduction (ZeRO's reduce-scatter, compressed
@@ -239,32 +271,33 @@ def deepspeed_reduce_gradients(engine):
 
 
 @hookspec
-def deepspeed_after_backward(engine, loss):
+def deepspeed_after_backward(engine: Engine, loss: Optional[torch.Tensor]) -> None:
     """Called at the end of ``engine.backward(loss)``, after any gradient reduction."""
 
 
 @hookspec
-def deepspeed_before_step(engine):
+def deepspeed_before_step(engine: Engine) -> None:
     """Called by ``engine.step()`` at an accumulation boundary, before the optimizer steps."""
 
 
 @hookspec
-def deepspeed_after_step(engine):
+def deepspeed_after_step(engine: Engine) -> None:
     """Called by ``engine.step()`` at an accumulation boundary, after the optimizer and LR
     scheduler stepped, ``engine.global_steps`` advanced and the step's timers stopped (so a
     monitor can log this step's ``engine.timers``), before the progress report."""
 
 
 @hookspec
-def deepspeed_engine_destroy(engine):
+def deepspeed_engine_destroy(engine: Engine) -> None:
     """Called by ``engine.destroy()``: undo what ``deepspeed_engine_init`` attached beyond the
     engine itself (module hooks, process-wide patches, gradient hooks), so nothing outlives
     the engine. All implementations run."""
 
 
 @hookspec(firstresult=True)
-def deepspeed_data_loader(engine, dataset, batch_size, route, pin_memory, data_sampler,
-                          collate_fn, num_local_io_workers):
+def deepspeed_data_loader(engine: Engine, dataset: Any, batch_size: int, route: Optional[str],
+                          pin_memory: bool, data_sampler: Any, collate_fn: Optional[Callable],
+                          num_local_io_workers: Optional[int]) -> Optional[Iterable[Any]]:
     """Build the loader ``engine.deepspeed_io`` returns (first result wins), for plugins that
     choose the samples themselves (curriculum data sampling). Arguments are
     ``deepspeed_io``'s, ``batch_size`` already resolved to the micro batch size; ``route`` is
@@ -293,7 +326,7 @@ NOT_SHARDED = Sharding(stage=0)
 
 
 @hookspec(firstresult=True)
-def deepspeed_sharding(engine):
+def deepspeed_sharding(engine: Engine) -> Optional[Sharding]:
     """Return a ``Sharding`` when this plugin shards the model's training state (first result
     wins); None when it does not. The engine answers ``zero_optimization_stage()``,
     ``zero_gather_16bit_weights_on_model_save()`` and refuses ``no_sync()`` with partitioned
@@ -301,7 +334,7 @@ def deepspeed_sharding(engine):
 
 
 @hookspec(firstresult=True)
-def deepspeed_engine_monitor(engine):
+def deepspeed_engine_monitor(engine: Engine) -> Optional[Monitor]:
     """Return the object ``engine.monitor`` exposes to the training script (a ``Monitor``:
     ``write_events([(name, value, step), ...])``), first result wins; None when this plugin
     does not monitor. Without an answer ``engine.monitor`` is None."""
@@ -311,7 +344,7 @@ def deepspeed_engine_monitor(engine):
 # Events
 # ---------------------------------------------------------------------------------------------
 @hookspec
-def deepspeed_comm_op(record):
+def deepspeed_comm_op(record: CommRecord) -> None:
     """Called after each ``deepspeed.comm`` operation while this engine lives.
 
     ``record`` carries the op name, message size in bytes, latency, group size and the
@@ -322,7 +355,7 @@ def deepspeed_comm_op(record):
 
 
 @hookspec(firstresult=True)
-def deepspeed_comms_logger(settings):
+def deepspeed_comms_logger(settings: CommsLoggerSettings) -> Optional[CommsLogger]:
     """Return a ``CommsLogger`` that logs every ``deepspeed.comm`` op according to the live
     ``settings`` (a ``deepspeed.comm.CommsLoggerSettings``, changed in place by
     ``deepspeed.comm.configure``), first result wins.
@@ -334,7 +367,7 @@ def deepspeed_comms_logger(settings):
 
 
 @hookspec(firstresult=True)
-def deepspeed_comm_summary(engine, show_straggler, return_dict):
+def deepspeed_comm_summary(engine: Engine, show_straggler: bool, return_dict: bool) -> Any:
     """Answer ``deepspeed.comm.log_summary(show_straggler, return_dict)`` for this engine
     (first result wins): print the per-op summary of the communication recorded so far and
     return what ``return_dict`` asks for. Only consulted while the engine is subscribed to
@@ -344,8 +377,24 @@ def deepspeed_comm_summary(engine, show_straggler, return_dict):
 # ---------------------------------------------------------------------------------------------
 # Checkpoints (see ``deepspeed.checkpoint``)
 # ---------------------------------------------------------------------------------------------
+@hookspec
+def deepspeed_stateful(engine: Engine) -> Optional[Dict[str, Stateful]]:
+    """Return ``{name: Stateful}``: this plugin's objects whose state checkpoints carry
+    (schedulers, counters, a data loader's position).
+
+    ``save_checkpoint`` stores each ``state_dict()`` in the model-states file under the
+    plugin's name and ``name`` (``state["plugin_states"][plugin][name]``), checked to hold
+    tensors and plain values only (the file is loaded with ``weights_only=True``).
+    ``load_checkpoint`` hands each saved entry back to ``load_state_dict`` after the core restored
+    the counters and before ``deepspeed_load_checkpoint`` (not with ``load_module_only``); an
+    object the checkpoint has no entry for keeps its state. A checkpoint written before this
+    hook existed, with the plugin's entries at the top level of the file, is read from the
+    top-level key ``name`` instead. Asked at every save and load, so the answer may change."""
+
+
 @hookspec(firstresult=True)
-def deepspeed_save_optimizer_state(engine, checkpoint_dir, tag):
+def deepspeed_save_optimizer_state(engine: Engine, checkpoint_dir: str,
+                                   tag: str) -> Optional[bool]:
     """Save the optimizer state yourself instead of the core (first result wins).
 
     Called on every rank by ``save_checkpoint`` while the checkpoint is written (``latest`` not
@@ -357,9 +406,11 @@ def deepspeed_save_optimizer_state(engine, checkpoint_dir, tag):
 
 
 @hookspec
-def deepspeed_save_checkpoint(engine, save_dir, tag, checkpoint_dir, state,
-                              exclude_frozen_parameters):
-    """Add plugin state to a checkpoint being saved.
+def deepspeed_save_checkpoint(engine: Engine, save_dir: str, tag: str, checkpoint_dir: str,
+                              state: Dict[str, Any], exclude_frozen_parameters: bool) -> None:
+    """Add files or file entries to a checkpoint being saved: per-rank files, and entries other
+    tools read (ZeRO's ``param_shapes``, the MoE expert layout). State the plugin itself gets
+    back on load goes through ``deepspeed_stateful`` instead.
 
     Called on every rank by ``save_checkpoint`` after the optimizer hook and before any file is
     written. ``state`` is the dict that data-parallel rank 0 writes to
@@ -374,7 +425,7 @@ def deepspeed_save_checkpoint(engine, save_dir, tag, checkpoint_dir, state,
 
 
 @hookspec(firstresult=True)
-def deepspeed_model_states_file(engine, checkpoint_dir):
+def deepspeed_model_states_file(engine: Engine, checkpoint_dir: str) -> Optional[str]:
     """The model-states file this rank reads in ``load_checkpoint`` (first result wins), for
     plugins whose checkpoints may be loaded with another model-parallel layout than they were
     saved with: a pipeline saved with 2 stages has no ``mp_rank_02_model_states.pt`` for the
@@ -388,7 +439,9 @@ def deepspeed_model_states_file(engine, checkpoint_dir):
 
 
 @hookspec(firstresult=True)
-def deepspeed_load_module_state(engine, state_dict, strict, checkpoint_dir, state):
+def deepspeed_load_module_state(engine: Engine, state_dict: Optional[Dict[str, Any]],
+                                strict: bool, checkpoint_dir: str, state: Dict[str, Any]
+                                ) -> Optional[Tuple[List[str], List[str]]]:
     """Load the checkpoint's module weights yourself (first result wins), for plugins whose
     module holds only shards (ZeRO-3) or whose weights live in their own files (a pipeline's
     per-layer ``layer_XX-model_states.pt``, saved with ``module: None`` in the model-states
@@ -404,7 +457,8 @@ def deepspeed_load_module_state(engine, state_dict, strict, checkpoint_dir, stat
 
 
 @hookspec(firstresult=True)
-def deepspeed_load_optimizer_state(engine, checkpoint_dir, tag, state):
+def deepspeed_load_optimizer_state(engine: Engine, checkpoint_dir: str, tag: str,
+                                   state: Dict[str, Any]) -> Optional[bool]:
     """Restore the optimizer state yourself instead of the core (first result wins).
 
     Called on every rank by ``load_checkpoint`` when optimizer states are to be loaded (not with
@@ -415,19 +469,22 @@ def deepspeed_load_optimizer_state(engine, checkpoint_dir, tag, state):
 
 
 @hookspec
-def deepspeed_load_checkpoint(engine, load_dir, tag, checkpoint_dir, state,
-                              load_optimizer_states, load_lr_scheduler_states, load_module_only):
-    """Restore plugin state from a checkpoint.
+def deepspeed_load_checkpoint(engine: Engine, load_dir: str, tag: str, checkpoint_dir: str,
+                              state: Dict[str, Any], load_optimizer_states: bool,
+                              load_lr_scheduler_states: bool, load_module_only: bool) -> None:
+    """React to a loaded checkpoint (reset what the loaded state invalidates, read the entries
+    ``deepspeed_save_checkpoint`` added); ``Stateful`` objects are restored already.
 
     Called on every rank at the end of ``load_checkpoint``, after the core restored the module
-    and (unless ``load_module_only``) the optimizer, scheduler, counters and RNG. ``state`` is the
-    loaded model-states dict (read your entries from it); the flags are the caller's. Return
-    value ignored.
+    and (unless ``load_module_only``) the optimizer, scheduler, counters, RNG and the plugins'
+    ``deepspeed_stateful`` objects. ``state`` is the loaded model-states dict (read your entries
+    from it); the flags are the caller's. Return value ignored.
     """
 
 
 @hookspec(firstresult=True)
-def deepspeed_consolidated_16bit_state_dict(engine, exclude_frozen_parameters):
+def deepspeed_consolidated_16bit_state_dict(engine: Engine, exclude_frozen_parameters: bool
+                                            ) -> Optional[Dict[str, Optional[Dict[str, Any]]]]:
     """Build the module's full state dict from shards (first result wins), for plugins whose
     module holds only shards (ZeRO-3). Collective. Return ``{"state_dict": dict or None}``:
     the dict on global rank 0, None on the other ranks; return None itself to let the core
@@ -435,7 +492,8 @@ def deepspeed_consolidated_16bit_state_dict(engine, exclude_frozen_parameters):
 
 
 @hookspec(firstresult=True)
-def deepspeed_save_16bit_model(engine, save_dir, save_filename, exclude_frozen_parameters):
+def deepspeed_save_16bit_model(engine: Engine, save_dir: str, save_filename: str,
+                               exclude_frozen_parameters: bool) -> Optional[bool]:
     """Save the 16-bit weights yourself (first result wins), for plugins whose module holds
     only shards (ZeRO-3).
 
@@ -453,6 +511,95 @@ def deepspeed_save_16bit_model(engine, save_dir, save_filename, exclude_frozen_p
 #: The phases ``engine.timers`` measures around every step, in this order (monitors and the
 #: progress report log them; a plugin may time more under its own names).
 STEP_TIMERS = ("forward", "backward", "backward_inner", "backward_allreduce", "step")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What a plugin may use of the ``engine`` every hook receives: each member a plugin reads,
+    writes, calls or (in an engine subclass) overrides, and nothing private. The boundary test
+    (``tests/core/test_plugin_boundary.py``) fails a plugin that touches any other engine member
+    or probes the engine with ``getattr`` / ``hasattr``. ``DeepSpeedEngine`` and its subclasses
+    implement it; every member exists from ``deepspeed_engine_init`` on (the optimizer ones are
+    None until it has returned; ``deepspeed_model_parallel_unit``, asked earlier, may use
+    ``module``, ``config`` and ``mpu``). A plugin that provides an engine subclass through
+    ``deepspeed_engine_for_model`` may also use what that subclass adds, in its own package.
+    Features a plugin adds to the engine for its users go through
+    ``deepspeed_engine_attributes``, never onto the engine directly."""
+
+    # ---- what is trained
+    module: torch.nn.Module  # the client model (a plugin may split or wrap it in engine_init)
+    config: DeepSpeedConfig  # the validated config; ``config.section(key)`` reads a section
+    device: torch.device  # where the module, its inputs and the engine's buffers live
+    # ---- the plugins taking part
+    hook: pluggy.HookRelay  # the enabled plugins' hooks, for an engine subclass's own step
+    plugins: pluggy.PluginManager  # the enabled plugins (``plugins.has_plugin("pipe")``)
+    # ---- parallelism
+    # the object owning this engine's process groups; Any until the topology branch (issue 34)
+    # defines its type
+    topology: Any
+    mpu: Any  # the model-parallel unit (``get_data_parallel_group()`` ...) or None
+    dp_group: Any  # the data-parallel process group gradients are averaged over
+    dp_world_size: int  # ranks in ``dp_group``
+    # ---- counters and instruments
+    global_steps: int  # optimizer steps taken (skipped fp16 overflow steps included)
+    global_samples: int  # samples trained on, summed over the data-parallel ranks
+    timers: EngineTimers  # named timers around the step's phases (and a plugin's own)
+    monitor: Optional[Monitor]  # the enabled monitor's writer (``deepspeed_engine_monitor``)
+    sharding: Sharding  # how a plugin shards the training state (``deepspeed_sharding``)
+    training_dataloader: Optional[Iterable[Any]]  # ``initialize(training_data=...)``'s loader
+    # ---- optimizer and precision
+    basic_optimizer: Optional[torch.optim.Optimizer]  # the torch optimizer the policy steps
+    optimizer: Any  # what the user gets back: ``basic_optimizer`` or a plugin's wrapper of it
+    precision: PrecisionPolicy  # the precision policy the step drives (``loss_scale`` ...)
+    lr_scheduler: Any  # the LR scheduler stepping ``basic_optimizer``, or None
+    # upstream's flag, read by users: False while the 1-bit optimizers exchange compressed
+    # momenta instead of all-reducing gradients (whether the core reduces is decided by
+    # ``deepspeed_reduce_gradients``)
+    enable_backward_allreduce: bool
+
+    # ---- the step: the user's calls, which an engine subclass may close or drive itself
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module through the forward hooks."""
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Back-propagate ``loss``; reduce gradients at the accumulation boundary."""
+
+    def step(self, **kwargs: Any) -> None:
+        """At the accumulation boundary: unscale, clip, step the optimizer and scheduler."""
+
+    def allreduce_gradients(self) -> None:
+        """The core's data-parallel gradient average (what no ``deepspeed_reduce_gradients``
+        implementation took over)."""
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether this micro-step reduces gradients and steps the optimizer."""
+
+    def gradient_norm_group(self) -> Any:
+        """The ranks holding the model's other parameters (model-parallel or pipeline peers)
+        whose gradients the global norm sums too when clipping, or None: a template method an
+        engine subclass overrides."""
+
+    def progress_report(self) -> str:
+        """The line logged every ``steps_per_print`` steps: a template method an engine
+        subclass overrides to report its own quantities."""
+
+    # ---- the batch triangle and upstream's queries
+    def train_batch_size(self) -> int: ...
+
+    def train_micro_batch_size_per_gpu(self) -> int: ...
+
+    def gradient_accumulation_steps(self) -> int: ...
+
+    def zero_optimization_stage(self) -> int: ...
+
+    def fp16_enabled(self) -> bool: ...
+
+    def get_lr(self) -> List[float]:
+        """The learning rate of each of the optimizer's param groups."""
+
+    def load_checkpoint(self, load_dir: str, **kwargs: Any) -> Any:
+        """``deepspeed.checkpoint.load_checkpoint`` on this engine (an engine subclass may
+        refuse options)."""
 
 
 @runtime_checkable
@@ -500,6 +647,16 @@ class PrecisionPolicy(Protocol):
         """The model parameter that the optimizer tensor ``stepped`` stands for whole (itself
         in fp32 training, its 16-bit parameter for an fp32 master), or None when ``stepped``
         is not one parameter (a flat partition): universal checkpoints load through it."""
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """An object whose state a checkpoint carries (torch's ``Stateful``; see
+    ``deepspeed_stateful``): its state is a dict of tensors and plain Python values."""
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None: ...
 
 
 class StepTimer(Protocol):
@@ -600,11 +757,19 @@ class ParamStateAccess(Protocol):
     def set_local_hp_param(self, value, param, optim_state_key: Optional[str] = None) -> None: ...
 
 
+def protocol_members(protocol) -> List[str]:
+    """The public members ``protocol`` declares: its methods and its annotated attributes."""
+    names = {name for name in dir(protocol) if not name.startswith("_")}
+    for klass in protocol.__mro__:
+        names |= {name for name in vars(klass).get("__annotations__", {})
+                  if not name.startswith("_")}
+    return sorted(names)
+
+
 def check_implements(obj, protocol, source):
     """Raise ``TypeError`` naming what ``obj`` (returned by ``source``, e.g. a hook) lacks of
     ``protocol``, so a plugin author learns it at ``initialize``, not mid-step."""
-    members = [name for name in dir(protocol) if not name.startswith("_")]
-    missing = [name for name in members if not hasattr(obj, name)]
+    missing = [name for name in protocol_members(protocol) if not hasattr(obj, name)]
     if missing:
         raise TypeError(f"{source} returned a {type(obj).__name__}, which does not implement "
                         f"deepspeed.hooks.{protocol.__name__}: missing {', '.join(missing)}")
@@ -612,8 +777,9 @@ def check_implements(obj, protocol, source):
 
 
 __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + [
-    "hookspec", "hookimpl", "PROJECT_NAME", "EngineChoice", "Sharding", "NOT_SHARDED", "STEP_TIMERS",
-    "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor", "CommsLogger",
+    "hookspec", "hookimpl", "PROJECT_NAME", "EngineChoice", "Sharding", "NOT_SHARDED",
+    "STEP_TIMERS", "Engine", "Stateful", "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor",
+    "CommsLogger",
     "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP",
     "GRADIENT_NORM_GROUP", "UNIVERSAL_CHECKPOINT_NAME",
-    "check_implements"]
+    "protocol_members", "check_implements"]

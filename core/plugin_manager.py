@@ -182,6 +182,15 @@ class PluginCatalog:
         return pm
 
 
+def call_each_plugin(hook_caller, **kwargs):
+    """``[(plugin name, answer)]`` of every implementation of a hook, for the hooks whose
+    answers the core files under the answering plugin's name (``deepspeed_stateful``). Each
+    implementation gets the subset of ``kwargs`` it accepts, as pluggy passes them; the order
+    is pluggy's call order."""
+    return [(impl.plugin_name, impl.function(*[kwargs[name] for name in impl.argnames]))
+            for impl in reversed(hook_caller.get_hookimpls())]
+
+
 def check_compatibility(enabled):
     """Raise ``PluginError`` naming both plugins when a requirement is missing or an excluded
     plugin is enabled as well."""

@@ -4,8 +4,9 @@ The file read is ``mp_rank_<model-parallel rank>_model_states.pt`` unless a plug
 another (``deepspeed_model_states_file``: a pipeline loaded with more stages than it was saved
 with). Order: module weights (a plugin may load them from its own files through
 ``deepspeed_load_module_state``), then (unless ``load_module_only``) optimizer, LR scheduler,
-counters and this rank's RNG, then the plugins' ``deepspeed_load_checkpoint`` hook, which sees
-the restored engine and the loaded model-states dict. Files are read with ``weights_only=True``.
+counters, this rank's RNG and the plugins' ``Stateful`` objects (``deepspeed_stateful``), then
+the plugins' ``deepspeed_load_checkpoint`` hook, which sees the restored engine and the loaded
+model-states dict. Files are read with ``weights_only=True``.
 """
 import os
 
@@ -13,7 +14,8 @@ from deepspeed import comm as dist
 from deepspeed.checkpoint import collective, layout
 from deepspeed.checkpoint.atomic import load_file
 from deepspeed.checkpoint.engines import checkpoint_engine_for
-from deepspeed.checkpoint.model_state import client_state_of, restore_counters
+from deepspeed.checkpoint.model_state import (client_state_of, restore_counters,
+                                              restore_plugin_states)
 from deepspeed.checkpoint.rng import restore_rng_state
 from deepspeed.utils.logging import log_dist, logger
 
@@ -147,6 +149,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True,
             _load_lr_scheduler(engine, state["lr_scheduler"], optimizer_restored)
         restore_counters(engine, state)
         _load_rng(checkpoint_dir, state)
+        restore_plugin_states(engine, state)
     engine.hook.deepspeed_load_checkpoint(
         engine=engine, load_dir=load_dir, tag=tag, checkpoint_dir=checkpoint_dir, state=state,
         load_optimizer_states=load_optimizer_states,

@@ -1,5 +1,6 @@
 """The contents of ``mp_rank_XX_model_states.pt``: what the engine contributes, what the user
-contributed (``client_state``), and how the engine's counters come back on load.
+contributed (``client_state``), the plugins' ``Stateful`` objects (``plugin_states``), and how
+the engine's counters and those objects come back on load.
 
 The keys follow DeepSpeed's file so offline tools read both. Everything stored is a tensor or a
 plain Python value (the config as a JSON-safe dict, versions as strings), because the file is
@@ -8,7 +9,10 @@ read back with ``torch.load(weights_only=True)``.
 import json
 from collections import OrderedDict
 
+from deepspeed.checkpoint.atomic import ensure_weights_only_loadable
 from deepspeed.checkpoint.collective import model_parallel_world_size
+from deepspeed.hooks import Stateful, check_implements
+from deepspeed.plugin_manager import call_each_plugin
 from deepspeed.version import __version__
 
 # The keys the engine itself writes. ``client_state`` keys may not shadow them: a user key named
@@ -17,7 +21,10 @@ ENGINE_KEYS = (
     "module", "optimizer", "lr_scheduler", "global_steps", "global_samples", "skipped_steps",
     "micro_steps", "dp_world_size", "mp_world_size", "ds_config", "ds_version", "buffer_names",
     "param_shapes", "frozen_param_shapes", "shared_params", "client_state_keys",
+    "plugin_states",
 )
+# {plugin name: {object name: state_dict()}} of the plugins' ``deepspeed_stateful`` objects
+PLUGIN_STATES = "plugin_states"
 # Written by DeepSpeed itself (not by this engine); never handed back as client state when
 # loading a checkpoint DeepSpeed wrote, which has no ``client_state_keys`` entry.
 FOREIGN_ENGINE_KEYS = ("sparse_tensor_module_names", "data_sampler", "random_ltd",
@@ -128,3 +135,41 @@ def restore_counters(engine, state):
     engine.skipped_steps = int(state.get("skipped_steps", 0))
     engine.micro_steps = int(state.get("micro_steps",
                                        steps * engine.gradient_accumulation_steps()))
+
+
+def _stateful_objects(engine):
+    """``[(plugin, name, object)]`` the enabled plugins hand over through
+    ``deepspeed_stateful``."""
+    found = []
+    for plugin, objects in call_each_plugin(engine.hook.deepspeed_stateful, engine=engine):
+        for name, obj in (objects or {}).items():
+            found.append((plugin, name, check_implements(
+                obj, Stateful, f"plugin '{plugin}''s deepspeed_stateful (entry {name!r})")))
+    return found
+
+
+def plugin_states(engine, what):
+    """The ``plugin_states`` entry of a model-states file: each Stateful object's state under
+    its plugin's name, checked to load with ``weights_only=True`` (``what`` names the
+    checkpoint in the error)."""
+    saved = {}
+    for plugin, name, obj in _stateful_objects(engine):
+        state = obj.state_dict()
+        ensure_weights_only_loadable(state, what=what,
+                                     root=f"{PLUGIN_STATES}[{plugin!r}][{name!r}]")
+        saved.setdefault(plugin, {})[name] = state
+    return saved
+
+
+def restore_plugin_states(engine, state):
+    """Hand each Stateful object its saved state. A file written before ``plugin_states``
+    existed kept a plugin's entry at the top level under the object's name; an object the file
+    has nothing for keeps its state."""
+    saved = state.get(PLUGIN_STATES)
+    for plugin, name, obj in _stateful_objects(engine):
+        if saved is None:
+            entry = state.get(name)
+        else:
+            entry = saved.get(plugin, {}).get(name)
+        if entry is not None:
+            obj.load_state_dict(entry)

@@ -24,8 +24,8 @@ from deepspeed.checkpoint import collective, layout
 from deepspeed.checkpoint.atomic import (atomic_torch_save, atomic_write_text,
                                          ensure_weights_only_loadable, writing_through)
 from deepspeed.checkpoint.engines import checkpoint_engine_for
-from deepspeed.checkpoint.model_state import (engine_state, merge_client_state,
-                                              module_state_dict)
+from deepspeed.checkpoint.model_state import (PLUGIN_STATES, engine_state, merge_client_state,
+                                              module_state_dict, plugin_states)
 from deepspeed.checkpoint.rng import capture_rng_state
 from deepspeed.utils.logging import log_dist, logger
 
@@ -60,6 +60,7 @@ def _write_rank_files(engine, save_dir, tag, client_state, exclude_frozen_parame
     hook.deepspeed_save_checkpoint(engine=engine, save_dir=save_dir, tag=tag,
                                    checkpoint_dir=checkpoint_dir, state=state,
                                    exclude_frozen_parameters=exclude_frozen_parameters)
+    state[PLUGIN_STATES] = plugin_states(engine, what=f"checkpoint '{tag}'")
     merge_client_state(state, client_state)
     if writes_model_states:
         atomic_torch_save(state, model_states)

@@ -95,23 +95,24 @@ class NoopTimer:
 class ThroughputTimer:
     """Samples per second between two ``steps_per_print`` reports (host clock, no sync)."""
 
-    def __init__(self, batch_size):
-        self.batch_size = batch_size
+    def __init__(self):
         self._since = time.perf_counter()
-        self._steps = 0
+        self._samples = 0
         self.total_s = 0.0
-        self.total_steps = 0
+        self.total_samples = 0
 
-    def step(self):
-        self._steps += 1
+    def step(self, samples):
+        """Count one optimizer step over ``samples`` samples (the global batch, which an
+        engine may change between steps)."""
+        self._samples += samples
 
     def report(self):
         """(current samples/s since the last report, running average samples/s)."""
         now = time.perf_counter()
         span = max(now - self._since, 1e-9)
-        current = self._steps * self.batch_size / span
+        current = self._samples / span
         self.total_s += span
-        self.total_steps += self._steps
-        self._since, self._steps = now, 0
-        average = self.total_steps * self.batch_size / max(self.total_s, 1e-9)
+        self.total_samples += self._samples
+        self._since, self._samples = now, 0
+        average = self.total_samples / max(self.total_s, 1e-9)
         return current, average

@@ -5,10 +5,10 @@ The engine takes part when either section is enabled or when the model holds lay
 prepared for compression has its schedule advanced even if the engine's config omits the
 section. After every optimizer step (``deepspeed_after_step``) the compression schedule moves to
 ``engine.global_steps`` and MoQ quantizes the weights. Checkpoints keep the step-dependent
-state (which techniques are on, the bits, MoQ's period) under ``ds_compression``.
+state (which techniques are on, the bits, MoQ's period): the plugin is the ``Stateful`` it hands
+the engine under ``ds_compression`` (``deepspeed_stateful``).
 """
 import sys
-import types
 
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
@@ -16,7 +16,7 @@ from deepspeed.utils.logging import log_dist
 
 from .config import CompressionTrainingConfig, QuantizeTrainingConfig
 
-STATE_KEY = "ds_compression"
+STATE_KEY = "ds_compression"  # its name in checkpoints (top level of the file before Stateful)
 
 
 class CompressionPlugin(DeepSpeedPlugin):
@@ -53,11 +53,12 @@ class CompressionPlugin(DeepSpeedPlugin):
         moq = config.section("quantize_training")
         if moq is not None and moq.enabled:
             self.moq = MoQQuantizer(moq)
-        object.__setattr__(engine, "compression_scheduler", self.scheduler)
-        object.__setattr__(engine, "quantizer", self.moq)
-        object.__setattr__(engine, "quantize_bits",
-                           types.MethodType(lambda eng: self.moq.bits if self.moq else None,
-                                            engine))
+
+    @hookimpl
+    def deepspeed_engine_attributes(self):
+        """Upstream's engine members for compression and MoQ."""
+        return {"compression_scheduler": self.scheduler, "quantizer": self.moq,
+                "quantize_bits": lambda: self.moq.bits if self.moq else None}
 
     @hookimpl
     def deepspeed_after_step(self, engine):
@@ -70,20 +71,20 @@ class CompressionPlugin(DeepSpeedPlugin):
                 log_dist(f"MoQ step {step}: {self.moq.bits} bits, period {self.moq.period}",
                          ranks=[0])
 
+    # ------------------------------------------------------------------ checkpoints
     @hookimpl
-    def deepspeed_save_checkpoint(self, engine, state):
+    def deepspeed_stateful(self):
+        return {STATE_KEY: self}
+
+    def state_dict(self):
         saved = {}
         if self.moq is not None:
             saved["moq"] = self.moq.state_dict()
         if self.scheduler is not None:
             saved["steps"] = self.scheduler.training_steps
-        state[STATE_KEY] = saved
+        return saved
 
-    @hookimpl
-    def deepspeed_load_checkpoint(self, engine, state, load_module_only):
-        saved = state.get(STATE_KEY)
-        if load_module_only or not saved:
-            return
+    def load_state_dict(self, saved):
         if self.moq is not None and "moq" in saved:
             self.moq.load_state_dict(saved["moq"])
         if self.scheduler is not None and "steps" in saved:

@@ -11,11 +11,9 @@ It owns three config sections (``data_efficiency``, ``curriculum_learning``,
   scheduler sets this step's kept length and counts its layer tokens;
 - after each optimizer step: PLD's θ advances to ``global_steps``;
 - the training loader is a ``CurriculumDataLoader`` when data sampling is on;
-- checkpoints keep every scheduler's state and the loader's position under
-  ``ds_data_efficiency`` in the model-states file.
+- checkpoints keep every scheduler's state and the loader's position: the plugin is the
+  ``Stateful`` it hands the engine under ``ds_data_efficiency`` (``deepspeed_stateful``).
 """
-import types
-
 from deepspeed import comm as dist
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
@@ -27,7 +25,7 @@ from .curriculum_scheduler import CurriculumScheduler
 from .engine_inputs import accepts_keyword, truncate
 from .progressive_layer_drop import ProgressiveLayerDrop
 
-STATE_KEY = "ds_data_efficiency"
+STATE_KEY = "ds_data_efficiency"  # its name in checkpoints (top level of the file before Stateful)
 
 
 class DataEfficiencyPlugin(DeepSpeedPlugin):
@@ -70,28 +68,23 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
             self.random_ltd = RandomLTDScheduler(self.data_efficiency.data_routing.random_ltd,
                                                  global_batch_size=engine.train_batch_size(),
                                                  seed=self.data_efficiency.seed)
-        self._attach_engine_api(engine)
 
-    def _attach_engine_api(self, engine):
-        """Upstream's engine methods for these features, bound to this engine."""
-        plugin = self
-        methods = {
-            "set_custom_curriculum_learning_schedule":
-                lambda eng, schedule: plugin.set_custom_schedule(schedule),
-            "set_data_post_process_func": lambda eng, fn: plugin.set_post_process(fn),
-            "get_pld_theta": lambda eng: plugin.pld.get_theta() if plugin.pld else None,
-            "curriculum_enabled_legacy": lambda eng: plugin.legacy is not None,
-            "random_ltd_enabled": lambda eng: plugin.random_ltd is not None,
-            "data_sampling_enabled": lambda eng: (plugin.data_efficiency is not None and
-                                                  plugin.data_efficiency.sampling_enabled()),
-            "random_ltd_initialize": lambda eng: plugin.random_ltd_initialize(eng),
+    @hookimpl
+    def deepspeed_engine_attributes(self, engine):
+        """Upstream's engine members for these features."""
+        return {
+            "set_custom_curriculum_learning_schedule": self.set_custom_schedule,
+            "set_data_post_process_func": self.set_post_process,
+            "get_pld_theta": lambda: self.pld.get_theta() if self.pld else None,
+            "curriculum_enabled_legacy": lambda: self.legacy is not None,
+            "random_ltd_enabled": lambda: self.random_ltd is not None,
+            "data_sampling_enabled": lambda: (self.data_efficiency is not None and
+                                              self.data_efficiency.sampling_enabled()),
+            "random_ltd_initialize": lambda: self.random_ltd_initialize(engine),
+            "curriculum_scheduler_legacy": self.legacy,
+            "progressive_layer_drop": self.pld,
+            "random_ltd_scheduler": self.random_ltd,
         }
-        for name, fn in methods.items():
-            object.__setattr__(engine, name, types.MethodType(fn, engine))
-        for name, value in (("curriculum_scheduler_legacy", self.legacy),
-                            ("progressive_layer_drop", self.pld),
-                            ("random_ltd_scheduler", self.random_ltd)):
-            object.__setattr__(engine, name, value)
 
     def set_custom_schedule(self, schedule):
         """A callable sets the legacy curriculum's schedule; a dict ``{metric: callable}`` the
@@ -195,7 +188,10 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
 
     # ------------------------------------------------------------------ checkpoints
     @hookimpl
-    def deepspeed_save_checkpoint(self, engine, state):
+    def deepspeed_stateful(self):
+        return {STATE_KEY: self}
+
+    def state_dict(self):
         saved = {}
         if self.legacy is not None:
             saved["curriculum_learning_legacy"] = self.legacy.get_state()
@@ -205,13 +201,9 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
             saved["random_ltd"] = self.random_ltd.state_dict()
         if self.loader is not None:
             saved["data_loader"] = self.loader.state_dict()
-        state[STATE_KEY] = saved
+        return saved
 
-    @hookimpl
-    def deepspeed_load_checkpoint(self, engine, state, load_module_only):
-        saved = state.get(STATE_KEY)
-        if load_module_only or not saved:
-            return
+    def load_state_dict(self, saved):
         if self.legacy is not None and "curriculum_learning_legacy" in saved:
             self.legacy.set_state(saved["curriculum_learning_legacy"])
         if self.pld is not None and "pld_theta" in saved:

@@ -29,9 +29,7 @@ def step_events(engine, loss_sum):
     if lrs:
         events.append((LR, float(lrs[0]), step))
     if engine.fp16_enabled():
-        scale = getattr(engine.optimizer, "cur_scale", None)
-        if scale is not None:
-            events.append((LOSS_SCALE, float(scale), step))
+        events.append((LOSS_SCALE, float(engine.precision.loss_scale), step))
     if engine.config.wall_clock_breakdown:  # this step's phases, as the engine timed them
         for phase in STEP_TIMERS:
             elapsed = engine.timers.last_ms(phase)

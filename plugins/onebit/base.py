@@ -58,7 +58,7 @@ class OneBitOptimizer(DeepSpeedOptimizer):
         self.deepspeed = deepspeed
         self.comm_backend_name = str(comm_backend_name).lower()
         self.cuda_aware = bool(cuda_aware)
-        group = getattr(deepspeed, "dp_group", None)
+        group = deepspeed.dp_group if deepspeed is not None else None
         self.transport = make_transport(self.comm_backend_name, self.cuda_aware, group)
         self.world_size = self.transport.world_size
         self._compressor = None

@@ -32,7 +32,7 @@ OPTIMIZERS = {"onebitadam": ("deepspeed.onebit.adam", "OnebitAdam"),
 
 def _onebit_optimizer(engine):
     base = sys.modules.get("deepspeed.onebit.base")  # not imported: no 1-bit optimizer exists
-    optimizer = getattr(engine, "basic_optimizer", None)
+    optimizer = engine.basic_optimizer
     return optimizer if base is not None and isinstance(optimizer, base.OneBitOptimizer) else None
 
 

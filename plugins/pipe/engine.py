@@ -2,12 +2,12 @@
 
 One ``train_batch()`` runs ``gradient_accumulation_steps`` micro-batches through this rank's
 stage following ``TrainSchedule`` (synchronous 1F1B): each step of the schedule is a short list
-of instructions, executed by the ``_exec_*`` method of the same name. Activations and their
-gradients move between adjacent stages through ``p2p.StageLink``; gradients are reduced over the
-stage's data-parallel group by the core (or ZeRO-1 through its hook), tied weights over the
-stages sharing them, and the optimizer steps through ``DeepSpeedEngine.step`` at the end. So the
-precision policies, LR schedules, ZeRO-1, monitors and checkpoints of the base engine work
-unchanged; only ``forward`` / ``backward`` / ``step`` are closed to the user
+of instructions, each executed by its ``_exec_*`` method (``_INSTRUCTION_MAP``). Activations
+and their gradients move between adjacent stages through ``p2p.StageLink``; gradients are
+reduced over the stage's data-parallel group by the core (or ZeRO-1 through its hook), tied
+weights over the stages sharing them, and the optimizer steps through ``DeepSpeedEngine.step``
+at the end. So the precision policies, LR schedules, ZeRO-1, monitors and checkpoints of the
+base engine work unchanged; only ``forward`` / ``backward`` / ``step`` are closed to the user
 (``PipelineError``), as upstream.
 
 The returned loss is the mean of the batch's micro-batch losses, averaged over the data-parallel
@@ -22,7 +22,6 @@ from deepspeed import comm as dist
 from deepspeed.engine import DeepSpeedEngine
 from deepspeed.pipe import schedule
 from deepspeed.pipe.p2p import PipelineError, StageLink
-from deepspeed.utils.logging import log_dist
 from deepspeed.utils.repeating_loader import RepeatingLoader
 
 TRAIN_LOSS = "Train/Samples/train_loss"
@@ -40,6 +39,8 @@ class PipelineEngine(DeepSpeedEngine):
     """A training engine for hybrid pipeline and data parallelism (upstream's signature:
     ``PipelineEngine(has_bool_tensors=False, *super_args, **super_kwargs)``; tensors of any
     dtype, bool included, cross stages here, so the flag changes nothing)."""
+
+    micro_batches = None  # counted after the base engine's __init__, which asks for gas already
 
     def __init__(self, *super_args, has_bool_tensors=False, **super_kwargs):
         super().__init__(*super_args, **super_kwargs)
@@ -90,8 +91,7 @@ class PipelineEngine(DeepSpeedEngine):
         return self._boundary
 
     def gradient_accumulation_steps(self):
-        # the base engine asks during its __init__, before this engine counts micro-batches
-        return self.__dict__.get("micro_batches") or self.config.gradient_accumulation_steps
+        return self.micro_batches or self.config.gradient_accumulation_steps
 
     def train_batch_size(self):
         return (self.train_micro_batch_size_per_gpu() * self.gradient_accumulation_steps()
@@ -105,7 +105,6 @@ class PipelineEngine(DeepSpeedEngine):
                              f"parallelism: {train_batch_size} is not a multiple of micro batch "
                              f"{self.micro_batch_size} x data parallel {self.dp_world_size}")
         self.micro_batches = train_batch_size // per_micro
-        self.throughput.batch_size = self.train_batch_size()
 
     def set_dataiterator(self, iterator):
         """Only the first stage (inputs) and the last (labels) read data."""
@@ -182,7 +181,7 @@ class PipelineEngine(DeepSpeedEngine):
     def _run(self, steps):
         for step in steps:
             for instruction in step:
-                getattr(self, f"_exec_{_snake(type(instruction).__name__)}")(instruction)
+                self._INSTRUCTION_MAP[type(instruction)](self, instruction)
 
     def _fetch_batch(self, count):
         """Read this batch's ``count`` micro-batches before any stage communicates, and agree
@@ -393,27 +392,31 @@ class PipelineEngine(DeepSpeedEngine):
             load_module_only=load_module_only)
 
     # ------------------------------------------------------------------ clipping, progress
-    def _clip_gradients(self):
-        """Clip by the norm over every stage's gradients (tied copies counted once): the
-        precision policy (or ZeRO-1's partitions) sums over the pipe group too."""
-        clip = self.config.gradient_clipping
-        if not clip or clip <= 0:
-            return
-        group = self.pipe_group if self.num_stages > 1 else None
-        self._global_grad_norm = self.precision.clip_grad_norm(clip, norm_group=group)
+    def gradient_norm_group(self):
+        """Clipping measures the norm over every stage's gradients (tied copies counted once):
+        the precision policy (or ZeRO-1's partitions) sums over the pipe group too."""
+        return self.pipe_group if self.num_stages > 1 else None
 
-    def _report_progress(self):
-        every = self.config.steps_per_print
-        if not every or self.global_steps % every:
-            return
+    def progress_report(self):
+        """Upstream's pipeline line: the batch's loss and this batch's iteration time."""
         elapsed = time.time() - self._batch_started if self._batch_started else float("nan")
         loss = float(self.agg_train_loss) if self.agg_train_loss is not None else float("nan")
-        log_dist(f"steps: {self.global_steps} loss: {loss:0.4f} iter time (s): {elapsed:0.3f} "
-                 f"samples/sec: {self.train_batch_size() / elapsed:0.3f}", ranks=[0])
+        return (f"steps: {self.global_steps} loss: {loss:0.4f} iter time (s): {elapsed:0.3f} "
+                f"samples/sec: {self.train_batch_size() / elapsed:0.3f}")
 
-
-def _snake(name):
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    # the method executing each instruction of a schedule (upstream's name)
+    _INSTRUCTION_MAP = {
+        schedule.LoadMicroBatch: _exec_load_micro_batch,
+        schedule.ForwardPass: _exec_forward_pass,
+        schedule.BackwardPass: _exec_backward_pass,
+        schedule.SendActivation: _exec_send_activation,
+        schedule.RecvActivation: _exec_recv_activation,
+        schedule.SendGrad: _exec_send_grad,
+        schedule.RecvGrad: _exec_recv_grad,
+        schedule.ReduceTiedGrads: _exec_reduce_tied_grads,
+        schedule.ReduceGrads: _exec_reduce_grads,
+        schedule.OptimizerStep: _exec_optimizer_step,
+    }
 
 
 def _to(value, device, float_dtype=None):

@@ -14,12 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
+from deepspeed.ops.triton_dot import dot
 
 
 @triton.jit
@@ -39,7 +34,7 @@ def _sdd_kernel(A, B, C, HEADS, ROWS, COLS, K, s_az, s_ah, s_am, s_ak, s_bz, s_b
         kk = k0 + rk
         a = tl.load(a_ptr + kk[None, :] * s_ak, mask=kk[None, :] < K, other=0.0)
         b = tl.load(b_ptr + kk[:, None] * s_bk, mask=kk[:, None] < K, other=0.0)
-        acc += _dot(a, b, IEEE)
+        acc += dot(a, b, IEEE)
     tl.store(C + z * s_cz + n * s_cn + rm[:, None] * BLOCK + rm[None, :], acc.to(C.dtype.element_ty))
 
 
@@ -65,7 +60,7 @@ def _dsd_kernel(S, B, C, ROW_PTR, COLS, IDS, ROWS_PER_HEAD, N, s_sz, s_sn, s_bz,
             a = tl.load(base + rm[:, None] * BLOCK + rm[None, :])
         b = tl.load(B + z * s_bz + h * s_bh + (kb * BLOCK + rm)[:, None] * s_bk + rn[None, :] * s_bn,
                     mask=rn[None, :] < N, other=0.0)
-        acc += _dot(a, b, IEEE)
+        acc += dot(a, b, IEEE)
     c_ptr = C + z * s_cz + h * s_ch + (r * BLOCK + rm)[:, None] * s_cm + rn[None, :] * s_cn
     tl.store(c_ptr, acc.to(C.dtype.element_ty), mask=rn[None, :] < N)
 

@@ -22,7 +22,7 @@ CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPUL
 def _zero_optimizer(engine):
     from deepspeed.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
-    optimizer = getattr(engine, "optimizer", None)
+    optimizer = engine.optimizer
     return optimizer if isinstance(optimizer, DeepSpeedZeroOptimizer) else None
 
 

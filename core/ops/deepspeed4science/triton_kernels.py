@@ -15,14 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from deepspeed.ops.triton_dot import dot
+
 MAX_HEAD_DIM = 256
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit
@@ -47,7 +42,7 @@ def _program(N, H):
 @triton.jit
 def _scores(q, k, scale, p1, s1, p2, s2, offs_m, offs_n, valid,
             HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, IEEE: tl.constexpr):
-    s = _dot(q, tl.trans(k), IEEE) * scale
+    s = dot(q, tl.trans(k), IEEE) * scale
     if HAS_B1:
         s += _tile(p1, s1, offs_m, offs_n, valid).to(tl.float32)
     if HAS_B2:
@@ -61,7 +56,7 @@ def _probs_and_dscores(q, k, v, do, lse, delta, scale, p1, s1, p2, s2, offs_m, o
     """Recomputed probabilities ``p`` and score gradients ``ds = p * (dO V^T - delta)``."""
     s = _scores(q, k, scale, p1, s1, p2, s2, offs_m, offs_n, valid, HAS_B1, HAS_B2, IEEE)
     p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
-    return p, p * (_dot(do, tl.trans(v), IEEE) - delta[:, None])
+    return p, p * (dot(do, tl.trans(v), IEEE) - delta[:, None])
 
 
 @triton.jit
@@ -91,7 +86,7 @@ def _fwd(Q, K, V, B1, B2, O, LSE, sq, sk, sv, so, s1, s2, N, H, LQ, LK, D, scale
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
     op = _base(O, so, b, n, h) + offs_m[:, None] * tl.load(so + 3) + offs_d[None, :] * tl.load(so + 4)
     tl.store(op, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=rows[:, None] & dmask[None, :])
@@ -123,8 +118,8 @@ def _bwd_kv(Q, K, V, B1, B2, DO, LSE, DELTA, DK, DV, sq, sk, sv, s1, s2, sd, N, 
         delta = tl.load(DELTA + bnh.to(tl.int64) * LQ + offs_m, mask=rows, other=0.0)
         p, ds = _probs_and_dscores(q, k, v, do, lse, delta, scale, p1, s1, p2, s2, offs_m, offs_n,
                                    rows[:, None] & cols[None, :], HAS_B1, HAS_B2, IEEE)
-        dv += _dot(tl.trans(p).to(do.dtype), do, IEEE)
-        dk += _dot(tl.trans(ds).to(q.dtype), q, IEEE)
+        dv += dot(tl.trans(p).to(do.dtype), do, IEEE)
+        dk += dot(tl.trans(ds).to(q.dtype), q, IEEE)
     out = bnh.to(tl.int64) * LK * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(DK + out, dk * scale, mask=kv_mask)
     tl.store(DV + out, dv, mask=kv_mask)
@@ -165,7 +160,7 @@ def _bwd_q(Q, K, V, B1, B2, DO, LSE, DELTA, DQ, G1, G2, sq, sk, sv, s1, s2, sd, 
         v = _tile(vp, sv, offs_n, offs_d, cols[:, None] & dmask[None, :])
         p, ds = _probs_and_dscores(q, k, v, do, lse, delta, scale, p1, s1, p2, s2, offs_m, offs_n,
                                    rows[:, None] & cols[None, :], HAS_B1, HAS_B2, IEEE)
-        dq += _dot(ds.to(k.dtype), k, IEEE)
+        dq += dot(ds.to(k.dtype), k, IEEE)
         if GRAD_B1:
             _acc_bias_grad(G1, g1, b, n, h, ds, offs_m, offs_n, rows, cols)
         if GRAD_B2:

@@ -31,15 +31,13 @@ def _rate(flops, seconds):
 def _engine_facts(engine):
     if engine is None:
         return None
-    mp_size = 1
-    mpu = getattr(engine, "mpu", None)
-    if mpu is not None and hasattr(mpu, "get_model_parallel_world_size"):
-        mp_size = mpu.get_model_parallel_world_size()
+    mpu = engine.mpu
+    mp_size = mpu.get_model_parallel_world_size() if mpu is not None else 1
     from deepspeed import comm as dist
 
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     return {"world_size": world_size,
-            "dp_size": getattr(engine, "dp_world_size", 1),
+            "dp_size": engine.dp_world_size,
             "mp_size": mp_size,
             "batch": engine.train_micro_batch_size_per_gpu()}
 

@@ -142,8 +142,9 @@ def test_layout_and_weights_only_contents(dist_pool, tmp_path):
     expected = {"module", "optimizer", "lr_scheduler", "global_steps", "global_samples",
                 "skipped_steps", "micro_steps", "dp_world_size", "mp_world_size", "ds_config",
                 "ds_version", "buffer_names", "param_shapes", "frozen_param_shapes",
-                "shared_params", "client_state_keys", "epoch"}
+                "shared_params", "client_state_keys", "plugin_states", "epoch"}
     assert set(state) == expected
+    assert state["plugin_states"] == {}  # no enabled plugin hands over a Stateful object
     assert (state["global_steps"], state["dp_world_size"], state["mp_world_size"]) == (4, 2, 1)
     assert state["ds_version"] == __import__("deepspeed").__version__
     assert state["ds_config"]["optimizer"]["type"] == "Adam"

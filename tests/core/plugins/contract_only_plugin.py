@@ -107,12 +107,25 @@ class ExtrasSection(pydantic.BaseModel):
     momentum: float = 0.0
 
 
+class StepsSeen:
+    """A ``deepspeed.hooks.Stateful``: the last optimizer step this plugin saw."""
+
+    def __init__(self):
+        self.steps = None
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state_dict):
+        self.steps = state_dict["steps"]
+
+
 class ContractExtras:
     """Builds an optimizer type the core does not know, and keeps a counter in checkpoints."""
 
     def __init__(self):
         self.momentum = 0.0
-        self.restored = None
+        self.seen = StepsSeen()
 
     @hookimpl
     def deepspeed_config_sections(self):
@@ -131,9 +144,9 @@ class ContractExtras:
         return torch.optim.SGD(params, momentum=self.momentum, **optimizer_params)
 
     @hookimpl
-    def deepspeed_save_checkpoint(self, engine, state):
-        state["contract_extras_steps"] = engine.global_steps
+    def deepspeed_after_step(self, engine):
+        self.seen.steps = engine.global_steps
 
     @hookimpl
-    def deepspeed_load_checkpoint(self, engine, state):
-        self.restored = state.get("contract_extras_steps")
+    def deepspeed_stateful(self):
+        return {"seen": self.seen}

@@ -24,7 +24,8 @@ def _replace_builtins():
     from deepspeed import plugin_manager
     from deepspeed.plugin_manager import PluginSpec
 
-    installed = plugin_manager.installed_plugins()
+    original = plugin_manager.installed_plugins
+    installed = original()
     assert {"monitor", "comms_logger"} <= set(installed)
     replaced = dict(installed)
     replaced["monitor"] = PluginSpec("monitor", "contract_only_plugin:ContractMonitor",
@@ -36,7 +37,7 @@ def _replace_builtins():
                                              "contract_only_plugin:ContractExtras",
                                              "contract-fixture", "0")
     plugin_manager.installed_plugins = lambda: replaced
-    return installed
+    return original  # the function itself: it reads entry points again (a later fixture's)
 
 
 def _train_with_replacements(steps):
@@ -71,7 +72,7 @@ def _train_with_replacements(steps):
         dist.configure(enabled=False)
         return plugin_names, events, summary, standalone
     finally:
-        plugin_manager.installed_plugins = lambda: original
+        plugin_manager.installed_plugins = original
 
 
 def test_contract_only_plugins_replace_monitor_and_comms_logger(dist_pool):
@@ -112,13 +113,13 @@ def _extras_round_trip(save_dir):
         fresh.load_checkpoint(save_dir, tag="t")
         extras = [p for p in fresh.plugins.get_plugins() if type(p).__name__ == "ContractExtras"]
         group = trained.basic_optimizer.param_groups[0]
-        result = (type(trained.basic_optimizer).__name__, group["momentum"], extras[0].restored,
-                  fresh.global_steps)
+        result = (type(trained.basic_optimizer).__name__, group["momentum"],
+                  extras[0].seen.steps, fresh.global_steps)
         for engine in engines:
             engine.destroy()
         return result
     finally:
-        plugin_manager.installed_plugins = lambda: original
+        plugin_manager.installed_plugins = original
 
 
 def test_contract_only_plugin_builds_its_optimizer_and_restores_its_state(dist_pool, tmp_path):

@@ -1,5 +1,7 @@
 """MoQ's quantizer on its own: schedule with an offset, ternary/binary at the end, the
-fp16/quantized blend, state round trip; and its checkpoint through the engine."""
+fp16/quantized blend, state round trip; and its checkpoint through the engine (also one written
+in the layout before plugin_states)."""
+import pytest
 import torch
 
 from deepspeed.compression.config import QuantizeTrainingConfig
@@ -57,8 +59,10 @@ def test_fp16_mixed_quantize_blends_toward_quantized():
     assert again.state_dict() == state
 
 
-def _save_and_resume(save_dir):
+def _save_and_resume(save_dir, layout):
     import deepspeed
+    from deepspeed import comm as dist
+    from deepspeed.testing.checkpoints import write_pre_stateful_layout
 
     def engine_for():
         torch.manual_seed(0)
@@ -80,14 +84,22 @@ def _save_and_resume(save_dir):
     saved = (engine.quantize_bits(), engine.quantizer.period)
     engine.save_checkpoint(save_dir, tag="t")
     engine.destroy()
+    moved = None
+    if layout == "pre-stateful" and dist.get_rank() == 0:  # the file as plugins wrote it before
+        moved = write_pre_stateful_layout(f"{save_dir}/t")
+    dist.barrier()
     resumed = engine_for()
     fresh = (resumed.quantize_bits(), resumed.quantizer.period)
     resumed.load_checkpoint(save_dir, tag="t")
     loaded = (resumed.quantize_bits(), resumed.quantizer.period)
     resumed.destroy()
-    return saved, fresh, loaded
+    return saved, fresh, loaded, moved
 
 
-def test_moq_state_survives_a_checkpoint(dist_pool, tmp_path):
-    for saved, fresh, loaded in dist_pool.run(_save_and_resume, args=(str(tmp_path),)):
+@pytest.mark.parametrize("layout", ["plugin_states", "pre-stateful"])
+def test_moq_state_survives_a_checkpoint(dist_pool, tmp_path, layout):
+    results = dist_pool.run(_save_and_resume, args=(str(tmp_path), layout))
+    for saved, fresh, loaded, _ in results:
         assert saved == (6, 4) and fresh == (8, 1) and loaded == saved
+    # the old layout kept the state at the top-level key "ds_compression"
+    assert results[0][3] == (["ds_compression"] if layout == "pre-stateful" else None)

@@ -131,8 +131,10 @@ class PlainModel(nn.Module):
         return self.w(x[..., None]).mean()
 
 
-def _legacy(kind, ckpt):
+def _legacy(kind, ckpt, layout="plugin_states"):
     import deepspeed
+    from deepspeed import comm as dist
+    from deepspeed.testing.checkpoints import write_pre_stateful_layout
 
     config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10 ** 6,
               "optimizer": {"type": "SGD", "params": {"lr": 0.01}}, "curriculum_learning": CL}
@@ -148,9 +150,12 @@ def _legacy(kind, ckpt):
         engine.backward(engine(torch.randn(2, 12), y=torch.randn(2, 12)) if kind == "plain"
                         else engine(torch.randn(2, 12)))
         engine.step()
-    engine.save_checkpoint(ckpt)
+    engine.save_checkpoint(ckpt, tag="t")
     difficulty = engine.curriculum_scheduler_legacy.get_current_difficulty()
     engine.destroy()
+    if layout == "pre-stateful" and dist.get_rank() == 0:  # the file as plugins wrote it before
+        assert write_pre_stateful_layout(f"{ckpt}/t") == ["ds_data_efficiency"]
+    dist.barrier()
     engine2, _ = build()
     engine2.load_checkpoint(ckpt)
     restored = engine2.curriculum_scheduler_legacy.get_current_difficulty()
@@ -158,10 +163,11 @@ def _legacy(kind, ckpt):
     return model.seen, difficulty, restored
 
 
-@pytest.mark.parametrize("kind", ["keyword", "plain"])
-def test_legacy_curriculum_on_2_ranks(tmp_path, kind):
+@pytest.mark.parametrize("kind,layout", [("keyword", "plugin_states"), ("plain", "plugin_states"),
+                                         ("keyword", "pre-stateful")])
+def test_legacy_curriculum_on_2_ranks(tmp_path, kind, layout):
     for seen, difficulty, restored in run_distributed(_legacy, world_size=2,
-                                                      args=(kind, str(tmp_path / kind))):
+                                                      args=(kind, str(tmp_path / kind), layout)):
         schedule = [cl_reference(t) for t in range(1, 5)]
         if kind == "keyword":
             assert seen == schedule

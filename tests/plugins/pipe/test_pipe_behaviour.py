@@ -232,14 +232,14 @@ def _boundary_trace(data, gas):
     def probe(where):
         trace.append((current[0], where, engine.is_gradient_accumulation_boundary()))
 
-    def wrap_instruction(name, method):
-        def run(instruction):
+    def wrap_instruction(method):
+        def run(self, instruction):
             current[0] = type(instruction).__name__
             probe("before")
-            method(instruction)
+            method(self, instruction)
             probe("after")
             current[0] = None
-        setattr(engine, name, run)
+        return run
 
     def wrap_call(owner, name):
         method = getattr(owner, name)
@@ -249,8 +249,9 @@ def _boundary_trace(data, gas):
             return method(*args, **kwargs)
         setattr(owner, name, run)
 
-    for name in [n for n in dir(type(engine)) if n.startswith("_exec_")]:
-        wrap_instruction(name, getattr(engine, name))
+    # every instruction runs through the engine's table (an instance copy shadows the class's)
+    engine._INSTRUCTION_MAP = {kind: wrap_instruction(method)
+                               for kind, method in type(engine)._INSTRUCTION_MAP.items()}
     engine.module.register_forward_pre_hook(lambda module, args: probe("inside"))  # ForwardPass
     wrap_call(engine.precision, "accumulate_micro_grads")  # BackwardPass
     wrap_call(engine, "allreduce_gradients")  # ReduceGrads
