@@ -12,7 +12,7 @@ would average the slices of different ranks together.
 """
 from deepspeed.hooks import REPLICATED_PARAM, hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
-from deepspeed.tensor_parallel.layers import TENSOR_MODEL_PARALLEL
+from deepspeed.tensor_parallel import TENSOR_MODEL_PARALLEL
 
 
 def domino_unit(model):

@@ -28,7 +28,7 @@ import os
 import torch
 from torch import nn
 
-from deepspeed.inference.sharding import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
+from deepspeed.tensor_parallel import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
 from deepspeed.utils import logging as ds_logging
 
 logger = ds_logging.logger

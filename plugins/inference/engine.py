@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from deepspeed import comm as dist
-from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_from_injection,
+from deepspeed.tensor_parallel import (AutoTP, TensorParallelError, policy_from_injection,
                                          shard_model)
 from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum

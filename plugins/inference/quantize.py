@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from deepspeed.inference.layers import LinearAllreduce, LinearLayer
+from deepspeed.tensor_parallel import LinearAllreduce, LinearLayer
 from deepspeed.inference.vocab_parallel import VocabParallelLMHead
 
 QUANTIZABLE = (nn.Linear, LinearLayer, LinearAllreduce, VocabParallelLMHead)

@@ -23,7 +23,7 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.utils.transient_buffers import transient_empty
-from deepspeed.utils.z3_leaf_module import z3_leaf_parameter
+from deepspeed.zero.z3_leaf_module import z3_leaf_parameter
 from deepspeed.zero.shard_comm import plain_reduce_scatter
 from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
                                                 scale_before_reduce)

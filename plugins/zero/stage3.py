@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import torch
 
 from deepspeed.utils.nested import map_tensors
-from deepspeed.utils.z3_leaf_module import leaf_mark_edits, z3_leaf_module
+from deepspeed.zero.z3_leaf_module import leaf_mark_edits, z3_leaf_module
 from deepspeed.zero.partition_parameters import (ZeroParamStatus, by_partitioner, gather_params,
                                                  is_zero_param, release_params)
 from deepspeed.zero.saved_views import SavedWeightViews
