@@ -86,8 +86,6 @@ UPSTREAM_ATTRIBUTES = {
     "memory_breakdown": "memory_breakdown",
     "dump_state": "dump_state",
     "dataloader_drop_last": "dataloader_drop_last",
-    "zero_allow_untested_optimizer": "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer": "zero_force_ds_cpu_optimizer",
     "load_universal_checkpoint": "checkpoint.load_universal",
     "use_node_local_storage": "checkpoint.use_node_local_storage",
     "checkpoint_parallel_write_pipeline": "checkpoint.parallel_write.pipeline_stage",
