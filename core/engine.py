@@ -21,11 +21,11 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from deepspeed import comm as dist
 from deepspeed import topology
 from deepspeed.accelerator import get_accelerator
+from deepspeed.gradient_averaging import (communication_dtype, reduce_sparse_gradients,
+                                          scale_after_reduce, scale_before_reduce)
 from deepspeed.hooks import (GRADIENT_GROUP, NOT_SHARDED, STEP_TIMERS, PrecisionPolicy,
                              check_implements)
 from deepspeed.precision import check_precision_supported, precision_for, training_dtype
-from deepspeed.utils.gradient_averaging import (communication_dtype, reduce_sparse_gradients,
-                                                scale_after_reduce, scale_before_reduce)
 from deepspeed.utils.logging import log_dist, logger
 from deepspeed.utils.reports import print_configuration, see_memory_usage
 from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer

@@ -120,7 +120,7 @@ class Topology:
         self._dims = {}  # (name, key) -> Dimension
         self._meshes = {}  # mesh name -> (dimension names, DeviceMesh)
         # layout (tuple of rank tuples) -> its groups, shared by the whole family
-        self._layouts = parent._layouts if parent is not None else {}
+        self.layouts = parent.layouts if parent is not None else {}
 
     # ------------------------------------------------------------------ the world
     def in_current_world(self):
@@ -128,7 +128,7 @@ class Topology:
         dead handles). A topology made before the backend existed joins the first world."""
         if not dist.is_initialized():
             return self.world_group is None
-        if self.world_group is None and not self._dims and not self._layouts:
+        if self.world_group is None and not self._dims and not self.layouts:
             self.world_group = dist.get_world_group()
         return self.world_group is dist.get_world_group()
 
@@ -218,12 +218,12 @@ class Topology:
 
     def _groups_for(self, lists):
         """The process group of each rank list, created once per layout (collective)."""
-        groups = self._layouts.get(lists)
+        groups = self.layouts.get(lists)
         if groups is None:
             whole = tuple(range(dist.get_world_size()))
             groups = [dist.get_world_group() if ranks == whole else dist.new_group(list(ranks))
                       for ranks in lists]
-            self._layouts[lists] = groups
+            self.layouts[lists] = groups
         return groups
 
     # ------------------------------------------------------------------ reading
@@ -268,15 +268,16 @@ class Topology:
         return dim
 
     def _missing(self, name, key, hint=None):
-        built = sorted({n if k is None else f"{n}[{k}]" for n, k in self._all_dims()})
+        built = sorted({n if k is None else f"{n}[{k}]" for n, k in self.dimensions()})
         return MissingDimension(
             f"no {_describe(name, key)} parallel group exists"
             + (f": {hint}" if hint else "")
             + f" (this topology has: {', '.join(built) or 'no dimensions'}"
             + (", and a model-parallel unit" if self.unit is not None else "") + ")")
 
-    def _all_dims(self):
-        found = set(self.parent._all_dims()) if self.parent is not None else set()
+    def dimensions(self):
+        """``{(name, key)}`` of every dimension built here or adopted from the parent."""
+        found = set(self.parent.dimensions()) if self.parent is not None else set()
         return found | set(self._dims)
 
     def group(self, name, key=None, hint=None):

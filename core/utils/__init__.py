@@ -17,8 +17,7 @@ __all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", 
            "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
            "safe_set_full_optimizer_state", "safe_get_local_fp32_param", "safe_get_local_grad",
            "safe_get_local_optimizer_state", "safe_set_local_fp32_param",
-           "safe_set_local_optimizer_state", "groups", "is_initialized", "set_z3_leaf_modules",
-           "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]
+           "safe_set_local_optimizer_state", "groups", "is_initialized"]
 
 
 def is_initialized() -> bool:
