@@ -33,6 +33,7 @@ def domino_unit(model):
 
 class DominoPlugin(DeepSpeedPlugin):
     enabled_by = "a model holding DominoTransformerLayer modules"
+    depends_on = ("tensor_parallel",)  # its layers and groups
 
     def is_enabled(self, config, sections):
         return False  # only through the model
