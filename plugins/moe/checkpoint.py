@@ -92,7 +92,8 @@ def _rank_tables(layer):
     """``{"expert_parallel_ranks": [...], "expert_data_parallel_ranks": [...]}``: the rank of
     every global rank in its expert-parallel and expert-data-parallel group of a split layer
     (offline tools such as ``ds_to_universal`` map each rank's files through them). Read off
-    the layout of ``deepspeed.moe.groups._expert_layout`` that holds this rank's expert-parallel group, so no
+    the layout of ``deepspeed.moe.groups._expert_layout`` that holds this rank's
+    expert-parallel group, so no
     collective is needed."""
     if layer.ep_size == 1:
         return {}

@@ -1,9 +1,9 @@
 """``deepspeed.moe.layer.MoE``: a mixture-of-experts block that replaces a dense MLP.
 
 The layer owns its process groups: with ``ep_size > 1`` it builds (once per size, as the
-expert dimensions of the topology: ``deepspeed.moe.groups``) the expert-parallel group its tokens are exchanged over and the
-expert-data-parallel group its experts' gradients are averaged over, and tags every expert
-parameter with the latter (``deepspeed.hooks.GRADIENT_GROUP``) so the engine reduces expert
+expert dimensions of the topology: ``deepspeed.moe.groups``) the expert-parallel group its
+tokens are exchanged over and the expert-data-parallel group its experts' gradients are
+averaged over, and tags every expert parameter with the latter (``deepspeed.hooks.GRADIENT_GROUP``) so the engine reduces expert
 gradients there and dense gradients over the whole data-parallel group. Building a group is
 collective, so it happens in ``__init__`` when the distributed backend is up (every rank
 builds the same layers in the same order), else at the first forward; the engine needs

@@ -8,8 +8,9 @@ its axes ``pipe`` (the stage), ``data`` (replicas) and ``model`` (tensor slices)
 
 ``PipelineParallelGrid`` is the one piece that talks to ``deepspeed.comm``: it adds the process
 groups of a topology to the run's process-group topology (``deepspeed.topology``, as the
-dimensions ``"pipe"``, ``"pipe.data"``, ``"pipe.model"`` and ``"pipe.model_parallel"``) and answers, for the calling rank, the Megatron-style *model-parallel unit*
-questions (``get_data_parallel_group()`` ...) that the engine, ``deepspeed.utils.groups`` and the
+dimensions ``"pipe"``, ``"pipe.data"``, ``"pipe.model"`` and ``"pipe.model_parallel"``) and
+answers, for the calling rank, the Megatron-style *model-parallel unit* questions
+(``get_data_parallel_group()`` ...) that the engine, ``deepspeed.utils.groups`` and the
 checkpoint code ask of an ``mpu``.
 """
 from collections import namedtuple

@@ -22,7 +22,8 @@ from collections import deque
 import torch
 
 from deepspeed import comm as dist
-from deepspeed.gradient_averaging import communication_dtype, scale_after_reduce, scale_before_reduce
+from deepspeed.gradient_averaging import (communication_dtype, scale_after_reduce,
+                                          scale_before_reduce)
 from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.shard_comm import plain_reduce_scatter
 from deepspeed.zero.z3_leaf_module import z3_leaf_parameter

@@ -285,8 +285,10 @@ def test_core_names_no_plugin_and_reads_no_private_state():
     ("set_z3_leaf_modules(model, [Block])",
      "names ZeRO-3 leaf modules in the identifier set_z3_leaf_modules"),
     ("x = config['zero_allow_untested_optimizer']", "names ZeRO's config key"),
-    ("ok = config.zero_force_ds_cpu_optimizer", "reads ZeRO's config key .zero_force_ds_cpu_optimizer"),
-    ("m = importlib.import_module('deepspeed.zero.stage3')", "names a plugin package in the string"),
+    ("ok = config.zero_force_ds_cpu_optimizer",
+     "reads ZeRO's config key .zero_force_ds_cpu_optimizer"),
+    ("m = importlib.import_module('deepspeed.zero.stage3')",
+     "names a plugin package in the string"),
     ("FLAGS = {'--x': 'deepspeed.zero'}", "names a plugin package in the string"),
 ])
 def test_the_checker_catches_planted_violations(planted, expected):

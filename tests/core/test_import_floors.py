@@ -107,7 +107,8 @@ def test_the_checker_catches_planted_arrows():
         "deepspeed.utils.groups": {"deepspeed.comm.b"},
     }
     floors = {module: floor_of(module, folders) for module in graph}
-    assert floors["deepspeed.utils.groups"] == "core" and floors["deepspeed.zero.stage3"] == "plugins"
+    assert floors["deepspeed.utils.groups"] == "core"
+    assert floors["deepspeed.zero.stage3"] == "plugins"
     assert upward_arrows(graph, floors) == [
         "deepspeed.comm.b (comm) -> deepspeed.engine (core)",
         "deepspeed.engine (core) -> deepspeed.zero.stage3 (plugins)",
