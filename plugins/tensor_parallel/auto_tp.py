@@ -152,12 +152,6 @@ def _check_divisible(what, value, tp_size, where):
             f"divides it (every rank must hold whole heads and equal slices)")
 
 
-def _set(root, name, new):
-    parent_name, _, leaf = name.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, leaf, new)
-
-
 def shard_block(block, row_names, tp_size, rank, group, where="block"):
     """Split ``block``'s Linears in place: the ones ``row_names`` match become
     ``LinearAllreduce``, the others ``LinearLayer``; divide the head counts."""
@@ -198,7 +192,7 @@ def shard_block(block, row_names, tp_size, rank, group, where="block"):
             mark(new.weight, take)
             if new.bias is not None:
                 mark(new.bias, take)
-        _set(block, name, new)
+        block.set_submodule(name, new)
     for sub in block.modules():
         for attr in HEAD_ATTRIBUTES:
             value = getattr(sub, attr, None)

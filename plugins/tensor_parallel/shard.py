@@ -114,7 +114,7 @@ def split_model(model, unit, row_parallel_names=None):
     for name, module in list(model.named_modules()):
         replacement = from_inference_layer(module, group, linears.get(name), shared_copy)
         if replacement is not None:
-            _replace(model, name, replacement)
+            model.set_submodule(name, replacement)
     _check_still_trainable(model, trainable)
     if unit.tp_rank != 0:
         for param in model.parameters():
@@ -137,9 +137,3 @@ def _check_still_trainable(model, trainable):
             f"AutoTP split {len(lost)} trainable parameter(s) into layers tensor-parallel "
             f"training has no counterpart for ({', '.join(owners) or 'removed'}; e.g. "
             f"{lost[:3]}); only Linear layers inside transformer blocks are split for training")
-
-
-def _replace(root, name, new):
-    parent_name, _, leaf = name.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, leaf, new)
