@@ -23,7 +23,7 @@ import torch
 
 from deepspeed import comm as dist
 from deepspeed.tensor_parallel import (CHECKPOINT_KEY, frozen, mark, narrow_fn, shard_range,
-                                          take_shard)
+                                       take_shard)
 
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from deepspeed import comm as dist
 from deepspeed.tensor_parallel import (frozen, mark, narrow_fn, replace_everywhere,
-                                          shard_range, shard_sizes, take_shard)
+                                       shard_range, shard_sizes, take_shard)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -2,12 +2,13 @@
 
 Groups kept in module globals were how five places answered "which ranks share this tensor":
 ``core/utils/groups.py``'s expert tables, ``sequence/parallel_state.py``'s ``_state``, the
-registered ``mpu`` ... Each could go stale or disagree with the others. Now
+registered ``mpu``, MiCS's ``_CACHE`` ... Each could go stale or disagree with the others. Now
 ``deepspeed.topology`` holds them all (its two slots are the only module-level ones), and units
 (``mpu``s) and ``deepspeed.utils.groups`` are views onto it.
 
 The check reads every module of core/ and plugins/ and reports a module-level name that looks
-like it holds groups (its name says group, mpu, mesh, grid, topology, parallel or state) when it
+like it holds groups (its name says group, mpu, mesh, grid, topology, parallel, cache or
+state) when it
 is bound to a container, ``None`` or a call, or rebound through ``global`` (a constant, a
 table of constants such as ``ROW_PARALLEL_NAMES``, or an alias of a function is fine).
 Exceptions carry their reason; the checker is tested on planted globals.
@@ -18,8 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = "core/topology/__init__.py"
-SUSPECT = re.compile(r"group|mpu|mesh|grid|topolog|parallel|(^|_)(state|current|process)$",
-                     re.IGNORECASE)
+SUSPECT = re.compile(r"group|mpu|mesh|grid|topolog|parallel|cache|"
+                     r"(^|_)(state|current|process)$", re.IGNORECASE)
 
 # (file, name) -> why it is not a process-group global
 ALLOWED = {
@@ -124,6 +125,7 @@ def test_the_checker_catches_planted_globals():
                "get_data_parallel_group = get_world_group\n"  # an alias: fine
                "_EXPERT_PARALLEL_GROUP = {}\n"
                "_state = {}\n"
+               "_CACHE = {}\n"
                "mpu = None\n"
                "if True:\n"
                "    _mesh = make_mesh()\n"
@@ -131,5 +133,5 @@ def test_the_checker_catches_planted_globals():
                "    global _unit_parallel\n"
                "    _unit_parallel = unit\n")
     assert group_globals(planted, "planted.py") == [
-        "planted.py:3: _EXPERT_PARALLEL_GROUP", "planted.py:4: _state", "planted.py:5: mpu",
-        "planted.py:7: _mesh", "planted.py:9: _unit_parallel"]
+        "planted.py:3: _EXPERT_PARALLEL_GROUP", "planted.py:4: _state", "planted.py:5: _CACHE",
+        "planted.py:6: mpu", "planted.py:8: _mesh", "planted.py:10: _unit_parallel"]
