@@ -16,7 +16,12 @@ Dimensions
     (any partition of the ranks: every group as a list of global ranks, optionally one instance
     per ``key``) or a ``deepspeed.hooks.ParallelMesh`` (dense axes over the whole world).
     Plugins contribute them through the ``deepspeed_parallel_dims`` hook while an engine is
-    built, or by ``current().add(...)`` when the groups are needed earlier.
+    built, or by ``current().add(...)`` when the groups are needed earlier. By convention a
+    plugin's dimensions are named after it: ``"expert"`` / ``"expert_data"`` (moe, one per
+    ``ep_size_N`` key), ``"tensor"`` / ``"tensor.data"`` (tensor_parallel), ``"sequence"``,
+    ``"sequence.data"``, ``"sequence_data"`` (sequence), ``"pipe"``, ``"pipe.data"``,
+    ``"pipe.model"``, ``"pipe.model_parallel"``, ``"pipe.tied"`` (pipe), ``"mics.*"`` /
+    ``"zeropp.*"`` (zero), ``"inference.tensor"`` (inference).
 
     A generic rule makes a unit answer any dimension: ``group("x")`` first asks the unit for
     ``get_x_parallel_group()`` (``size`` ``get_x_parallel_world_size()``, ``rank``
@@ -59,7 +64,20 @@ Before an engine exists, and adoption
     ``engine.destroy()``) it is ``current()``, so ``deepspeed.utils.groups`` answers for it
     and groups built meanwhile (an MoE layer re-laid out for the engine's unit) are the
     engine's. The two slots below are the only module-level state holding process groups in
-    the package; a test enforces that.
+    the package; ``tests/core/test_process_group_globals.py`` enforces that.
+
+Views
+    A *unit* a plugin builds (``TensorParallelGroups``, the sequence plugin's
+    ``parallel_state`` module, a pipeline's ``PipelineParallelGrid``) keeps the Megatron ``mpu``
+    interface for ``deepspeed.initialize(mpu=...)`` and integrations, and reads its dimensions
+    with ``built(name)`` (not ``group``, which would ask the unit back). ``deepspeed.utils.groups``
+    (``deepspeed.topology.groups``, installed at the upstream path through
+    ``core/upstream_paths``) answers from ``current()``: the core defines the "data" / "model"
+    functions; the expert, tensor-parallel and sequence names are exported into it by their
+    plugins through the entry-point group ``deepspeed.exports.utils.groups``
+    (``deepspeed.utils.lazy_exports.plugin_exports``), and ``groups.mpu`` is ``current().unit``.
+    ``engine.dp_group`` stays what it was (the unit's data-parallel group, None for the world
+    without a unit), ``engine.mpu`` the unit and ``engine.dp_world_size`` its size.
 """
 import math
 
