@@ -50,6 +50,9 @@ RUNTIME_COMPAT_NAMES = {"sequence": "sequence_parallel", "data_efficiency": "dat
 # `__init__.py`: their names belong to core or another plugin, which never import the shim.
 # `upstream_paths/` itself has no `__init__.py`, so it is never importable under the plugin's
 # own name. A shim that would replace an existing package or module fails the build.
+# `core/upstream_paths/` works the same way for core modules whose upstream path lies on a lower
+# floor than they do (`deepspeed.utils.groups` is the process-group topology's view, which
+# `deepspeed.utils`, below `deepspeed.comm`, cannot hold).
 UPSTREAM_PATHS = "upstream_paths"
 
 
@@ -81,7 +84,7 @@ def _check_upstream_shims(mapping, shims):
 
 def package_map():
     roots = dict(ROOTS)
-    shim_roots = {}
+    shim_roots = dict(_upstream_roots("core"))
     plugins_dir = os.path.join(ROOT, "plugins")
     if os.path.isdir(plugins_dir):
         for entry in sorted(os.listdir(plugins_dir)):

@@ -119,8 +119,8 @@ def init_inference(model, config=None, **kwargs):
         from deepspeed.plugin_manager import ENTRY_POINT_GROUP, PluginError
 
         raise PluginError(
-            f"deepspeed.init_inference needs the '{INFERENCE_PLUGIN}' plugin "
-            f"(deepspeed.inference), registered under the entry-point group "
+            f"deepspeed.init_inference needs the '{INFERENCE_PLUGIN}' plugin, registered "
+            f"under the entry-point group "
             f"'{ENTRY_POINT_GROUP}'; no installed plugin answered deepspeed_init_inference. "
             f"Reinstall deepspeed (pip install -e .) or install a package providing it")
     return engine

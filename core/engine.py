@@ -19,12 +19,13 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from deepspeed import comm as dist
+from deepspeed import topology
 from deepspeed.accelerator import get_accelerator
+from deepspeed.gradient_averaging import (communication_dtype, reduce_sparse_gradients,
+                                          scale_after_reduce, scale_before_reduce)
 from deepspeed.hooks import (GRADIENT_GROUP, NOT_SHARDED, STEP_TIMERS, PrecisionPolicy,
                              check_implements)
 from deepspeed.precision import check_precision_supported, precision_for, training_dtype
-from deepspeed.utils.gradient_averaging import (communication_dtype, reduce_sparse_gradients,
-                                                scale_after_reduce, scale_before_reduce)
 from deepspeed.utils.logging import log_dist, logger
 from deepspeed.utils.reports import print_configuration, see_memory_usage
 from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer
@@ -62,18 +63,18 @@ class DeepSpeedEngine(torch.nn.Module):
         self.local_rank = dist.get_local_rank()
         # a plugin that splits the model itself (AutoTP training) brings its own groups; the
         # global gradient norm then also sums over its model-parallel group
-        self._norm_group = None
         unit = self.hook.deepspeed_model_parallel_unit(engine=self, config=config, mpu=mpu)
         if unit is not None:
             self.mpu = mpu = unit
-            if mpu.get_model_parallel_world_size() > 1:
-                self._norm_group = mpu.get_model_parallel_group()
-        self.dp_group = mpu.get_data_parallel_group() if mpu is not None else None
-        self._previous_mpu = None
-        if mpu is not None:  # deepspeed.utils.groups answers integrations from this unit
-            from deepspeed.utils import groups
-
-            self._previous_mpu = (groups.set_mpu(mpu),)  # restored by destroy()
+        # every process group of this engine: the dimensions built before it (adopted), "data"
+        # and "model" answered by its unit, and those its plugins contribute
+        self.topology = topology.for_engine(mpu)
+        for contributed in self.hook.deepspeed_parallel_dims(engine=self, config=config):
+            self.topology.add(*contributed)
+        self._norm_group = (self.topology.group("model") if unit is not None
+                            and self.topology.size("model") > 1 else None)
+        self.dp_group = self.topology.group("data") if mpu is not None else None  # None: world
+        self._previous_topology = (topology.activate(self.topology),)  # restored by destroy()
         try:
             self._set_up(optimizer, lr_scheduler, training_data)
         except BaseException:
@@ -142,17 +143,15 @@ class DeepSpeedEngine(torch.nn.Module):
         self._detach_process_wide()
 
     def _detach_process_wide(self):
-        """Undo what this engine registered process-wide: its comm observer, and the
-        model-parallel unit ``deepspeed.utils.groups`` answers from (if still ours)."""
+        """Undo what this engine registered process-wide: its comm observer, and its topology
+        as the one ``deepspeed.utils.groups`` answers from (if still current)."""
         if self._comm_observer is not None:
             dist.remove_comm_observer(self._comm_observer)
             self._comm_observer = None
-        if self._previous_mpu is not None:
-            from deepspeed.utils import groups
-
-            if groups.mpu is self.mpu:
-                groups.set_mpu(self._previous_mpu[0])
-            self._previous_mpu = None
+        if self._previous_topology is not None:
+            if topology.current() is self.topology:
+                topology.activate(self._previous_topology[0])
+            self._previous_topology = None
 
     # ------------------------------------------------------------------ set-up
     def _configure_optimizer(self, client_optimizer):

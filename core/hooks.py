@@ -8,7 +8,7 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
 - A plugin implements a hook by defining a function of the same name decorated with
   ``@deepspeed.hookimpl``. It may accept any *subset* of the arguments listed here, so new
   arguments can be added to a hook without breaking existing plugins.
-- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Eight
+- Only plugins enabled by the config take part (see ``deepspeed.plugin_manager``). Nine
   exceptions are asked of every installed plugin because no engine exists when they are needed:
   ``deepspeed_config_sections`` (the config has to be validated before anyone knows which
   plugins it enables), ``deepspeed_engine_for_model`` / ``deepspeed_enable_for_model`` (a model
@@ -16,7 +16,8 @@ Read this file to know everything a plugin can do. Conventions, as in pytest's h
   engine), ``deepspeed_init_inference`` (``deepspeed.init_inference`` builds no training
   engine), ``deepspeed_tp_model_init`` (``deepspeed.tp_model_init`` runs before one),
   ``deepspeed_batch_size`` (the batch keys are resolved while the config is built) and
-  ``deepspeed_launcher_command`` (the ``deepspeed`` command runs before any engine).
+  ``deepspeed_launcher_arguments`` / ``deepspeed_launcher_command`` (the ``deepspeed`` command
+  runs before any engine).
 - ``firstresult`` hooks stop at the first implementation that returns something other than None:
   that plugin "takes over" the job (e.g. ZeRO reduces gradients instead of the core all-reduce).
   Other hooks call every implementation; their return values are ignored unless documented.
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # annotations only: importing this file loads neither torch n
 
     from deepspeed.comm import CommRecord, CommsLoggerSettings
     from deepspeed.config import DeepSpeedConfig
+    from deepspeed.topology import Topology
 
 PROJECT_NAME = "deepspeed"
 
@@ -506,6 +508,67 @@ def deepspeed_save_16bit_model(engine: Engine, save_dir: str, save_filename: str
 
 
 # ---------------------------------------------------------------------------------------------
+# Parallel dimensions (see ``deepspeed.topology``) and launcher flags
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParallelDim:
+    """A parallel dimension a plugin adds to an engine's topology (``deepspeed_parallel_dims``)
+    or to the process's (``deepspeed.topology.current().add(...)``): every group of the
+    dimension, as lists of global ranks. A rank appears in at most one list; a rank in none
+    has no group along this dimension. Each group's ranks are numbered in ascending order of
+    their global ranks (as ``torch.distributed`` numbers them). Adding one is collective: every
+    rank adds the same dimension, in the same order relative to other collectives.
+
+    ``name`` is the plugin's own (``"expert"``, ``"pipe.model"``): ``"data"`` and ``"model"``
+    are reserved for the model-parallel unit the engine was given. ``key`` tells apart the
+    instances of a dimension that exists several times at once (one expert dimension per
+    expert-parallel size). ``basis`` records what the layout was derived from (e.g. the unit
+    whose data-parallel groups it splits), for the owner to compare before reusing it."""
+
+    name: str
+    rank_lists: Tuple[Tuple[int, ...], ...]
+    key: Optional[str] = None
+    basis: Any = None
+
+
+@dataclass(frozen=True)
+class ParallelMesh:
+    """Several dense dimensions at once: the world laid out as a grid of ``sizes`` (whose
+    product is the world size), ranks numbered row-major (the last axis varies fastest), as a
+    ``torch.distributed.device_mesh.DeviceMesh`` with ``axes`` as its dimension names. Each
+    axis becomes the dimension ``"<name>.<axis>"``, and the axis named like the mesh the
+    dimension ``name`` itself: ``ParallelMesh("tensor", ("data", "tensor"), (2, 2))`` gives
+    ``"tensor"`` (ranks [0, 1], [2, 3]) and ``"tensor.data"`` ([0, 2], [1, 3])."""
+
+    name: str
+    axes: Tuple[str, ...]
+    sizes: Tuple[int, ...]
+
+
+@hookspec
+def deepspeed_parallel_dims(engine, config):
+    """Return the parallel dimensions this plugin adds to ``engine.topology``: an iterable of
+    ``ParallelDim`` / ``ParallelMesh`` (or None). Called by enabled plugins in the engine's
+    constructor, after the model-parallel unit is settled (``deepspeed_model_parallel_unit``)
+    and before ``deepspeed_engine_init``; every rank adds them in plugin order, so their groups
+    are built collectively. The engine's topology already holds every dimension built before
+    it existed (``deepspeed.topology.current()`` then: tensor-parallel groups of
+    ``tp_model_init``, expert groups of MoE layers, a pipeline's grid), and answers the
+    ``"data"`` / ``"model"`` dimensions from the engine's unit. Afterwards a plugin reads its
+    groups with ``engine.topology.group(name, key)``, ``.ranks(...)``, ``.size(...)``."""
+
+
+@hookspec
+def deepspeed_launcher_arguments(parser):
+    """Add the ``deepspeed`` command's flags your plugin owns to ``parser`` (an
+    ``argparse.ArgumentParser``; ``--autotuning``, ``--elastic_training``). Asked of every
+    *installed* plugin by the runner before it parses the command line (the launcher names no
+    feature); the runner then hands a command line using one of them to
+    ``deepspeed_launcher_command``. Return the ``dest`` names of the flags you added, so the
+    runner knows which parsed values are yours."""
+
+
+# ---------------------------------------------------------------------------------------------
 # Protocols: the objects that cross the boundary
 # ---------------------------------------------------------------------------------------------
 #: The phases ``engine.timers`` measures around every step, in this order (monitors and the
@@ -534,9 +597,9 @@ class Engine(Protocol):
     hook: pluggy.HookRelay  # the enabled plugins' hooks, for an engine subclass's own step
     plugins: pluggy.PluginManager  # the enabled plugins (``plugins.has_plugin("pipe")``)
     # ---- parallelism
-    # the object owning this engine's process groups; Any until the topology branch (issue 34)
-    # defines its type
-    topology: Any
+    # the one owner of this engine's process groups: ``topology.group("data")``, ``.size(name)``,
+    # ``.ranks(name, key)``; plugins add dimensions through ``deepspeed_parallel_dims``
+    topology: Topology
     mpu: Any  # the model-parallel unit (``get_data_parallel_group()`` ...) or None
     dp_group: Any  # the data-parallel process group gradients are averaged over
     dp_world_size: int  # ranks in ``dp_group``
@@ -781,5 +844,6 @@ __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + 
     "STEP_TIMERS", "Engine", "Stateful", "PrecisionPolicy", "StepTimer", "EngineTimers", "Monitor",
     "CommsLogger",
     "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP",
+    "ParallelDim", "ParallelMesh",
     "GRADIENT_NORM_GROUP", "UNIVERSAL_CHECKPOINT_NAME",
     "protocol_members", "check_implements"]

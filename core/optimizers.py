@@ -9,8 +9,8 @@
 - ``lamb``: FusedLamb. ``lion``: DeepSpeedCPULion on the host, FusedLion otherwise.
   ``adagrad``: DeepSpeedCPUAdagrad on the host, ``torch.optim.Adagrad`` otherwise.
 - ``muadam`` / ``muadamw`` / ``musgd``: the ``mup`` package's optimizers.
-- ``onebitadam`` / ``zerooneadam`` / ``onebitlamb``: built by the onebit plugin through the
-  ``deepspeed_build_optimizer`` hook, as is any other name a plugin claims.
+- any name a plugin claims (the 1-bit optimizers, ...): built by that plugin through the
+  ``deepspeed_build_optimizer`` hook; the core keeps no table of them.
 - any other name: the ``torch.optim`` class of that name (``SGD``, ``RMSprop``, ...).
 
 Plugins wrap the result (ZeRO, 1-bit) through ``deepspeed_wrap_optimizer``.
@@ -28,27 +28,16 @@ ADAGRAD_OPTIMIZER = "adagrad"
 ADAM_OPTIMIZER = "adam"
 ADAMW_OPTIMIZER = "adamw"
 LAMB_OPTIMIZER = "lamb"
-ONEBIT_ADAM_OPTIMIZER = "onebitadam"
-ZERO_ONE_ADAM_OPTIMIZER = "zerooneadam"
-ONEBIT_LAMB_OPTIMIZER = "onebitlamb"
 LION_OPTIMIZER = "lion"
 MUADAM_OPTIMIZER = "muadam"
 MUADAMW_OPTIMIZER = "muadamw"
 MUSGD_OPTIMIZER = "musgd"
 DEEPSPEED_OPTIMIZERS = [
-    ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, ONEBIT_ADAM_OPTIMIZER,
-    ZERO_ONE_ADAM_OPTIMIZER, ONEBIT_LAMB_OPTIMIZER, LION_OPTIMIZER, MUADAM_OPTIMIZER,
-    MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER,
+    ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, LION_OPTIMIZER,
+    MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER,
 ]
 TORCH_ADAM_PARAM = "torch_adam"
 ADAM_W_MODE = "adam_w_mode"
-
-# types whose implementation ships as a plugin: name -> plugin (package deepspeed.<plugin>)
-PLUGIN_OPTIMIZERS = {
-    ONEBIT_ADAM_OPTIMIZER: "onebit",
-    ZERO_ONE_ADAM_OPTIMIZER: "onebit",
-    ONEBIT_LAMB_OPTIMIZER: "onebit",
-}
 
 
 def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=None,
@@ -84,11 +73,6 @@ def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=N
         if plugin_builder is not None else None
     if built is not None:
         return built
-    if key in PLUGIN_OPTIMIZERS:
-        plugin = PLUGIN_OPTIMIZERS[key]
-        raise DeepSpeedConfigError(
-            f"optimizer.type: '{name}' is provided by the '{plugin}' plugin (deepspeed.{plugin}), "
-            f"which is not installed or not enabled for this engine")
     torch_class = _torch_optimizers().get(key)
     if torch_class is not None:
         return construct(torch_class, model_parameters, options)
@@ -220,19 +204,3 @@ _FACTORIES = {
     MUADAMW_OPTIMIZER: _mup,
     MUSGD_OPTIMIZER: _mup,
 }
-
-
-# ------------------------------------------------------------------------------ ZeRO's list
-def zero_supported_optimizers():
-    """The optimizer classes ZeRO is tested with; anything else needs the config's
-    ``zero_allow_untested_optimizer: true`` (the ZeRO plugin enforces it)."""
-    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
-    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
-    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
-
-    return (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, FusedAdam, DeepSpeedCPUAdam,
-            DeepSpeedCPUAdagrad, FusedLion, DeepSpeedCPULion)
-
-
-def is_zero_supported_optimizer(optimizer) -> bool:
-    return type(optimizer) in zero_supported_optimizers()

@@ -9,7 +9,10 @@ Every feature (built-in or third-party) is a plugin found through the entry-poin
 
 Each engine gets its own ``pluggy.PluginManager`` holding only the plugins its config enables,
 so hooks of a disabled plugin never run. Plugins state what they ``requires`` and ``excludes``
-(other plugin names); conflicts are errors at ``deepspeed.initialize`` naming both plugins.
+(other plugin names enabled together, or never together); conflicts are errors at
+``deepspeed.initialize`` naming both plugins. A plugin that imports another one's package API
+(Domino builds on ``deepspeed.tensor_parallel``) says so in ``depends_on``: the catalog refuses
+to load it, naming both, when that plugin is not installed, whatever the config enables.
 """
 import functools
 import inspect
@@ -32,15 +35,17 @@ class DeepSpeedPlugin:
     """Convenience base for plugin classes; plain modules with hookimpls work too.
 
     Subclasses set ``config_sections`` (key -> ``DeepSpeedConfigModel``), optionally
-    ``requires`` / ``excludes`` (plugin names) and override ``is_enabled`` when presence of the
-    section is not the right switch (e.g. ZeRO is off at ``stage: 0``), saying so in
-    ``enabled_by`` for ``ds_report``.
+    ``requires`` / ``excludes`` (plugin names that must / must not be enabled as well),
+    ``depends_on`` (plugins whose package API this one imports: they must be installed) and
+    override ``is_enabled`` when presence of the section is not the right switch (e.g. ZeRO is
+    off at ``stage: 0``), saying so in ``enabled_by`` for ``ds_report``.
     """
 
     config_sections = {}
     enabled_by = None
     requires = ()
     excludes = ()
+    depends_on = ()
 
     @hooks.hookimpl
     def deepspeed_config_sections(self):
@@ -117,6 +122,7 @@ class PluginCatalog:
             plugin = _instantiate(spec.load())
             self._all.register(plugin, name=name)
             self.plugins[name] = plugin
+        check_dependencies(self.plugins)
         self.owners = {}  # section key -> plugin name
         self.sections = {}  # section key -> config model
         for impl in self._all.hook.deepspeed_config_sections.get_hookimpls():
@@ -189,6 +195,17 @@ def call_each_plugin(hook_caller, **kwargs):
     is pluggy's call order."""
     return [(impl.plugin_name, impl.function(*[kwargs[name] for name in impl.argnames]))
             for impl in reversed(hook_caller.get_hookimpls())]
+
+
+def check_dependencies(installed):
+    """Raise ``PluginError`` naming both plugins when one imports the package of a plugin that
+    is not installed (``depends_on``)."""
+    for name, plugin in installed.items():
+        for needed in getattr(plugin, "depends_on", ()):
+            if needed not in installed:
+                raise PluginError(f"plugin '{name}' depends on plugin '{needed}' (it uses that "
+                                  f"plugin's package), which is not installed (installed: "
+                                  f"{sorted(installed)})")
 
 
 def check_compatibility(enabled):

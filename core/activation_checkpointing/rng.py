@@ -114,9 +114,9 @@ def model_parallel_cuda_manual_seed(seed: int) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"model_parallel_cuda_manual_seed expects an int seed, got {seed!r}")
     mpu = _settings.current().mpu
-    tp_rank = _settings.model_parallel_rank(mpu)
-    model_parallel_seed = seed + MODEL_PARALLEL_SEED_OFFSET + tp_rank
-    log_dist(f"initializing model parallel seeds: model parallel rank {tp_rank}, "
+    mp_rank = _settings.model_parallel_rank(mpu)
+    model_parallel_seed = seed + MODEL_PARALLEL_SEED_OFFSET + mp_rank
+    log_dist(f"initializing model parallel seeds: model parallel rank {mp_rank}, "
              f"model parallel seed {model_parallel_seed}, data parallel seed {seed}", ranks=[0])
     _CUDA_RNG_STATE_TRACKER.reset()
     get_accelerator().manual_seed(seed)

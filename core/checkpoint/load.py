@@ -23,8 +23,8 @@ from deepspeed.utils.logging import log_dist, logger
 def _no_module_entry():
     return KeyError("the checkpoint has no 'module' entry (model weights) and no enabled "
                     "plugin loaded the weights from its own files; it is not a model-states "
-                    "file, or it was saved by a plugin (e.g. a pipeline's per-layer files) that "
-                    "is not enabled now")
+                    "file, or it was saved by a plugin (keeping the weights in files of its own) "
+                    "that is not enabled now")
 
 
 def _load_module(engine, checkpoint_dir, state, strict, custom_load_fn):

@@ -16,16 +16,14 @@ from deepspeed.config.model import flatten, plain_value
 from deepspeed.config.validation import check_sections, validate_config
 
 
-def _initialised_comm():
-    """`deepspeed.comm` when it is importable and initialised, else None (imported lazily so the
-    config can be built before, or without, a process group)."""
-    try:
-        import deepspeed.comm as comm
-    except ImportError:
-        return None
-    is_initialized = getattr(comm, "is_initialized", None)
-    if callable(is_initialized) and is_initialized():
-        return comm
+def _initialised_world_size() -> Optional[int]:
+    """The default process group's size when one is up, else None. Asked of
+    ``torch.distributed`` itself: ``deepspeed.comm`` sits above this package (its settings
+    are config models), and the config can be built before, or without, a process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
     return None
 
 
@@ -44,9 +42,9 @@ def resolve_world_size(world_size: Optional[int], mpu=None) -> int:
                 // mpu.get_sequence_parallel_world_size())
     if mpu is not None:
         return mpu.get_data_parallel_world_size()
-    comm = _initialised_comm()
-    if comm is not None:
-        return comm.get_world_size()
+    world = _initialised_world_size()
+    if world is not None:
+        return world
     env = os.environ.get("WORLD_SIZE", "1")
     try:
         return int(env)
@@ -86,8 +84,6 @@ UPSTREAM_ATTRIBUTES = {
     "memory_breakdown": "memory_breakdown",
     "dump_state": "dump_state",
     "dataloader_drop_last": "dataloader_drop_last",
-    "zero_allow_untested_optimizer": "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer": "zero_force_ds_cpu_optimizer",
     "load_universal_checkpoint": "checkpoint.load_universal",
     "use_node_local_storage": "checkpoint.use_node_local_storage",
     "checkpoint_parallel_write_pipeline": "checkpoint.parallel_write.pipeline_stage",

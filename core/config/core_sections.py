@@ -242,9 +242,6 @@ class CoreConfig(DeepSpeedConfigModel):
     activation_checkpointing: ActivationCheckpointingConfig = Field(
         default_factory=ActivationCheckpointingConfig)
 
-    zero_allow_untested_optimizer: bool = False
-    # True: ZeRO-Offload insists on DeepSpeed's CPU optimizers; False lets any optimizer run.
-    zero_force_ds_cpu_optimizer: bool = True
     dataloader_drop_last: bool = False
 
     @field_validator("steps_per_print", mode="before")

@@ -9,6 +9,8 @@ from typing import Dict
 # key -> the feature (as the docs name it) that the section configures
 FEATURE_SECTIONS: Dict[str, str] = {
     "zero_optimization": "ZeRO (Zero Redundancy Optimizer)",
+    "zero_allow_untested_optimizer": "ZeRO with an optimizer outside its tested list",
+    "zero_force_ds_cpu_optimizer": "ZeRO-Offload's choice of CPU optimizer",
     "aio": "asynchronous I/O for NVMe offload (DeepNVMe / ZeRO-Infinity)",
     "tensorboard": "monitoring to TensorBoard",
     "wandb": "monitoring to Weights & Biases",

@@ -1,43 +1,77 @@
-"""Launcher flags whose work a plugin does: ``--autotuning`` and ``--elastic_training``.
+"""Launcher flags whose work a plugin does (upstream's ``--autotuning``, ``--elastic_training``):
+the runner names none of them in code.
 
-The runner parses and checks them like any flag, then hands the whole command to whichever
-installed plugin answers the ``deepspeed_launcher_command`` hook (``deepspeed.autotuning``,
-``deepspeed.elasticity``). The seam is a hook rather than an import so that the launcher, like
-the rest of the core, never imports a feature: a missing plugin is a clear error naming it, and
-a third-party package can provide or replace either flag through the same entry-point group.
+Every installed plugin may add flags to the ``deepspeed`` command's parser
+(``deepspeed_launcher_arguments``); when a command line sets one, the runner hands the whole
+command to whichever installed plugin answers ``deepspeed_launcher_command``. The seams are
+hooks rather than imports so that the launcher, like the rest of the core, never imports a
+feature, and a third-party package can provide or replace a flag through the same entry-point
+group. ``LAUNCHER_FLAGS`` only lists the documented ones, so that a flag whose plugin is not
+installed gets "no installed plugin provides it" instead of argparse's "unrecognized argument"
+(the same courtesy ``deepspeed.config.feature_sections`` gives config keys).
 """
-# flag -> the plugin (import name) that provides it
-PLUGIN_FLAGS = {"--autotuning": "deepspeed.autotuning",
-                "--elastic_training": "deepspeed.elasticity"}
+# documented launcher flag -> the feature (as the docs name it) that it runs
+LAUNCHER_FLAGS = {"--autotuning": "autotuning",
+                  "--elastic_training": "elastic training",
+                  "--min_elastic_nodes": "elastic training",
+                  "--max_elastic_nodes": "elastic training"}
 
 
-def check_plugin_flags(args):
-    """Reject combinations of the plugin-provided flags that have no meaning."""
-    if args.autotuning and args.elastic_training:
-        raise ValueError("--autotuning and --elastic_training cannot be combined: autotuning "
-                         "runs fixed-size experiments")
-    if not args.elastic_training and (args.min_elastic_nodes != -1 or args.max_elastic_nodes != -1):
-        raise ValueError("--min_elastic_nodes/--max_elastic_nodes need --elastic_training")
-    for flag, value in (("--min_elastic_nodes", args.min_elastic_nodes),
-                        ("--max_elastic_nodes", args.max_elastic_nodes)):
-        if value == 0 or value < -1:
-            raise ValueError(f"{flag} must be a positive integer (or -1 for the default), "
-                             f"got {value}")
-    if 0 < args.max_elastic_nodes < args.min_elastic_nodes:
-        raise ValueError(f"--max_elastic_nodes ({args.max_elastic_nodes}) is smaller than "
-                         f"--min_elastic_nodes ({args.min_elastic_nodes})")
-
-
-def run_plugin_command(args, argv, error_type=RuntimeError):
-    """Let the plugin that owns the given flag run the command; returns its exit status, or
-    raises ``error_type`` (the runner's ``LauncherError``: passed in, since the runner imports
-    this module) naming the missing plugin."""
+def add_plugin_arguments(parser):
+    """Let every installed plugin add its flags to ``parser``; returns ``{action: plugin
+    name}`` of the argparse actions they added (each names its ``dest`` and
+    ``option_strings``)."""
     from deepspeed.plugin_manager import PluginCatalog
 
-    flag = "--autotuning" if args.autotuning else "--elastic_training"
+    added = {}
+    hook = PluginCatalog().installed_hook.deepspeed_launcher_arguments
+    for impl in reversed(hook.get_hookimpls()):  # pluggy's order: last registered first
+        for action in impl.function(parser=parser) or ():
+            added[action] = impl.plugin_name
+    return added
+
+
+def missing_plugin_flag(argv, actions):
+    """The first documented plugin flag in ``argv`` that no installed plugin added, or None."""
+    provided = {option for action in actions for option in action.option_strings}
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag in LAUNCHER_FLAGS and flag not in provided:
+            return flag
+    return None
+
+
+def missing_plugin_problem(flag):
+    return (f"{flag} is a DeepSpeed launcher flag, but no installed plugin provides it (it runs "
+            f"{LAUNCHER_FLAGS[flag]}); install that plugin or drop {flag}")
+
+
+def given_plugin_flags(args, actions):
+    """The plugin-added actions whose flags this command line set (a value other than the
+    default)."""
+    return [action for action in actions if getattr(args, action.dest) != action.default]
+
+
+def check_one_plugin_command(given, actions):
+    """Two flags that each hand the whole command to a different plugin cannot be combined."""
+    owners = {}
+    for action in given:
+        owners.setdefault(actions[action], action.option_strings[0])
+    if len(owners) > 1:
+        flags = " and ".join(owners.values())
+        raise ValueError(f"{flags} cannot be combined: each hands the whole command to its own "
+                         f"plugin")
+
+
+def run_plugin_command(args, argv, given, error_type=RuntimeError):
+    """Let the plugin that owns the given flags run the command; returns its exit status, or
+    raises ``error_type`` (the runner's ``LauncherError``: passed in, since the runner imports
+    this module) when no installed plugin answers."""
+    from deepspeed.plugin_manager import PluginCatalog
+
     status = PluginCatalog().installed_hook.deepspeed_launcher_command(args=args, argv=argv)
     if status is None:
-        raise error_type(f"{flag} is provided by the plugin {PLUGIN_FLAGS[flag]}, which is "
-                         f"not installed (no installed plugin answers it); install it or drop "
-                         f"{flag}")
+        flags = ", ".join(action.option_strings[0] for action in given)
+        raise error_type(f"{flags}: no installed plugin runs the command for this flag "
+                         f"(deepspeed_launcher_command)")
     return status

@@ -21,7 +21,9 @@ from deepspeed.launcher.environment import exports_for_remote, load_deepspeed_en
 from deepspeed.launcher.hostfile import encode_world_info, fetch_hostfile, parse_inclusion_exclusion
 from deepspeed.launcher.launch import shell_exit_code
 from deepspeed.launcher.multinode_runner import RUNNERS, launch_passthrough_flags
-from deepspeed.launcher.plugin_commands import check_plugin_flags, run_plugin_command
+from deepspeed.launcher.plugin_commands import (add_plugin_arguments, check_one_plugin_command,
+                                                given_plugin_flags, missing_plugin_flag,
+                                                missing_plugin_problem, run_plugin_command)
 from deepspeed.utils.logging import logger
 
 # accelerate (`accelerate launch` with DeepSpeed) imports this name from here, as upstream's runner has it
@@ -92,25 +94,24 @@ def build_parser():
                         help="Only print the launcher's warnings and errors.")
     parser.add_argument("--dry_run", action="store_true",
                         help="Print the exact command(s) that would run and exit.")
-    # provided by plugins (deepspeed_launcher_command hook): deepspeed.autotuning, .elasticity
-    parser.add_argument("--autotuning", type=str, default="", choices=("tune", "run"),
-                        help="Autotune the DeepSpeed config ('tune'), then also train with the "
-                             "best one ('run'); needs the autotuning plugin.")
-    parser.add_argument("--elastic_training", action="store_true",
-                        help="Run the workers under torch elastic rendezvous, so the job "
-                             "survives workers leaving and joining; needs the elasticity plugin.")
-    parser.add_argument("--min_elastic_nodes", type=int, default=-1,
-                        help="With --elastic_training: fewest nodes to train on (default 1).")
-    parser.add_argument("--max_elastic_nodes", type=int, default=-1,
-                        help="With --elastic_training: most nodes to train on (default: the "
-                             "number of hosts).")
     parser.add_argument("user_script", type=str, help="The training program and its arguments.")
     parser.add_argument("user_args", nargs=argparse.REMAINDER)
     return parser
 
 
 def parse_args(argv=None):
-    return build_parser().parse_args(argv)
+    """The parsed command line; ``args.plugin_flags`` lists the argparse actions of the flags
+    installed plugins added (``deepspeed_launcher_arguments``) that it sets."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    actions = add_plugin_arguments(parser)
+    missing = missing_plugin_flag(argv, actions)
+    if missing is not None:
+        raise LauncherError(missing_plugin_problem(missing))
+    args = parser.parse_args(argv)
+    args.plugin_flags = given_plugin_flags(args, actions)
+    check_one_plugin_command(args.plugin_flags, actions)
+    return args
 
 
 def validate_args(args):
@@ -136,7 +137,6 @@ def validate_args(args):
     if args.no_ssh and args.force_multi:
         raise ValueError("--no_ssh and --force_multi are mutually exclusive: --no_ssh starts only "
                          "this node's workers, --force_multi starts every node's")
-    check_plugin_flags(args)
     if args.no_ssh and args.launcher not in (None, C.PDSH_LAUNCHER):
         raise ValueError(f"--no_ssh runs the per-node launcher directly; --launcher {args.launcher} "
                          f"cannot be combined with it")
@@ -368,9 +368,9 @@ def _main(argv=None):
     validate_args(args)
     if args.enable_each_rank_log:
         args.enable_each_rank_log = os.path.abspath(args.enable_each_rank_log)
-    if args.autotuning or args.elastic_training:
+    if args.plugin_flags:
         return run_plugin_command(args, sys.argv[1:] if argv is None else list(argv),
-                                  error_type=LauncherError)
+                                  args.plugin_flags, error_type=LauncherError)
 
     env = dict(os.environ)
     pool, active = resolve_resources(args, env)

@@ -2,15 +2,13 @@
 
 The launcher's per-node process (`deepspeed.launcher.launch`) and the rank guard log through this
 package and never touch a tensor, so importing it must not import torch (seconds of CPU in every
-launched job): the tensor helpers load on first use (PEP 562). The ZeRO-3 leaf-module helpers load
-eagerly (their module imports no torch): the function `z3_leaf_module` shares its module's name,
-and a lazy binding would lose to the submodule once anything imported it."""
+launched job): the tensor helpers load on first use (PEP 562). Names a plugin owns
+(``set_z3_leaf_modules`` is ZeRO's) come from the installed plugins' exports
+(``lazy_exports.plugin_exports``), so this floor imports no plugin."""
 import importlib
 
+from deepspeed.utils.lazy_exports import plugin_exports
 from deepspeed.utils.logging import log_dist, logger
-from deepspeed.utils.z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules,
-                                            unset_z3_leaf_modules, z3_leaf_module,
-                                            z3_leaf_parameter)
 
 # public name -> module that defines it, imported on first access
 _LAZY = {  # a plain literal: the docs build reads it statically (tools/docs/griffe_lazy_exports.py)
@@ -31,31 +29,42 @@ __all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", 
            "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
            "safe_set_full_optimizer_state", "safe_get_local_fp32_param", "safe_get_local_grad",
            "safe_get_local_optimizer_state", "safe_set_local_fp32_param",
-           "safe_set_local_optimizer_state", "groups", "is_initialized", "set_z3_leaf_modules",
-           "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]
+           "safe_set_local_optimizer_state", "groups", "is_initialized"]
 
 
 def is_initialized() -> bool:
-    """Whether DeepSpeed's process group is up (``deepspeed.comm.is_initialized``); here because
-    Transformers asks ``deepspeed.utils.is_initialized()``. Imported lazily: ``deepspeed.comm``
-    itself imports this package's logger."""
-    from deepspeed import comm
+    """Whether DeepSpeed's process group is up (what ``deepspeed.comm.is_initialized`` says);
+    here because Transformers asks ``deepspeed.utils.is_initialized()``. Asked of
+    ``torch.distributed`` directly: ``deepspeed.comm`` sits above this package (it logs
+    through it)."""
+    import torch.distributed as dist
 
-    return comm.is_initialized()
+    return dist.is_available() and dist.is_initialized()
 
 
 def __getattr__(name):
-    """The tensor helpers above, and ``deepspeed.utils.groups`` after a bare ``import deepspeed``
-    (lazy for the same import-cycle reason as ``is_initialized``), loaded on first use."""
-    if name == "groups":
-        return importlib.import_module(f"{__name__}.groups")
+    """In order: the tensor helpers of ``_LAZY``; a submodule (``deepspeed.utils.groups``, which
+    the topology installs here, or a plugin's upstream-path module) after a bare
+    ``import deepspeed``; a name an installed plugin exports here (``z3_leaf_module`` is both a
+    ZeRO upstream-path module and its function: the function wins, as upstream binds it last).
+    All load on first use: importing them here would point this floor up at
+    ``deepspeed.comm`` and torch."""
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__") and name not in __dir__():
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    return _plugin_names(name)
+
+
+_plugin_names, _exported_dir = plugin_exports(__name__)
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(_exported_dir()) | set(_LAZY))

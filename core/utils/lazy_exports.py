@@ -30,3 +30,55 @@ def lazy_exports(package, exports):
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+#: entry-point groups through which installed plugins add names to a core module: the group
+#: ``deepspeed.exports.<module path after "deepspeed.">`` lists, per plugin, a module whose
+#: ``__all__`` names join that core module (``deepspeed.exports.utils.groups`` -> the expert
+#: groups of ``deepspeed.moe.groups`` in ``deepspeed.utils.groups``)
+EXPORTS_GROUP_PREFIX = "deepspeed.exports."
+
+
+def plugin_exports(package, dynamic=None, upstream=None):
+    """``(__getattr__, __dir__)`` for the core module ``package`` (pass ``__name__``) whose
+    upstream namespace holds names a plugin owns (``deepspeed.utils.set_z3_leaf_modules``
+    is ZeRO's). A name is first looked up in ``dynamic`` ({name: function computing its value
+    on each access}), then in the modules installed plugins
+    register under the entry-point group ``EXPORTS_GROUP_PREFIX + <package after deepspeed.>``
+    (read from the installed metadata, so the core imports no plugin). A found name is kept
+    in the module's namespace; two plugins exporting one name is an error naming both.
+    ``upstream`` is the name the group is read for when it is not ``package`` (a core module
+    installed at an upstream path under a second name)."""
+    from deepspeed.utils.entry_points import entry_points_of
+
+    namespace = sys.modules[package].__dict__
+    group = EXPORTS_GROUP_PREFIX + (upstream or package)[len("deepspeed."):]
+
+    def exported():
+        table = {}
+        for plugin, entry_point in entry_points_of(group).items():
+            module = importlib.import_module(entry_point.value)
+            for name in getattr(module, "__all__", ()):
+                if name in table and table[name][1] is not module:
+                    raise ImportError(f"plugins '{table[name][0]}' and '{plugin}' both export "
+                                      f"{package}.{name} (entry-point group '{group}')")
+                table[name] = (plugin, module)
+        return table
+
+    def __getattr__(name):
+        if dynamic and name in dynamic:
+            return dynamic[name]()
+        if name.startswith("__"):
+            raise AttributeError(f"module '{package}' has no attribute '{name}'")
+        found = exported().get(name)
+        if found is None:
+            raise AttributeError(f"module '{package}' has no attribute '{name}' (nor does any "
+                                 f"installed plugin export it under '{group}')")
+        value = getattr(found[1], name)
+        namespace[name] = value
+        return value
+
+    def __dir__():
+        return sorted(set(namespace) | set(dynamic or ()) | set(exported()))
+
+    return __getattr__, __dir__

@@ -45,7 +45,9 @@ def set_rank_source(source):
     return previous
 
 
-def _current_rank():
+def current_rank():
+    """This process's rank: the process group's when ``deepspeed.comm`` registered it, else the
+    launcher's ``RANK`` (0 without one)."""
     rank = _rank_source() if _rank_source is not None else None
     if rank is not None:
         return rank
@@ -54,6 +56,6 @@ def _current_rank():
 
 def log_dist(message, ranks=(0,), level=logging.INFO):
     """Log `message` on the given ranks only; `ranks=None` or containing -1 means every rank."""
-    rank = _current_rank()
+    rank = current_rank()
     if ranks is None or -1 in ranks or rank in ranks:
         logger.log(level, f"[Rank {rank}] {message}", stacklevel=2)

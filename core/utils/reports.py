@@ -39,10 +39,10 @@ def see_memory_usage(message: str, force: bool = False) -> None:
     ``force=config.memory_breakdown``, so the call costs nothing when the report is off)."""
     if not force:
         return
-    from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
+    from deepspeed.utils.logging import current_rank
 
-    if dist.is_initialized() and dist.get_rank() != 0:
+    if current_rank() != 0:
         return
     gc.collect()  # what Python still holds but no longer uses is not what training needs
     logger.info(memory_report(message))

@@ -48,6 +48,13 @@ class AutotuningPlugin(DeepSpeedPlugin):
         self.probe.after_step()
 
     @hookimpl
+    def deepspeed_launcher_arguments(self, parser):
+        return [parser.add_argument(
+            "--autotuning", type=str, default="", choices=("tune", "run"),
+            help="Autotune the DeepSpeed config ('tune'), then also train with the best one "
+                 "('run') (autotuning plugin).")]
+
+    @hookimpl
     def deepspeed_launcher_command(self, args, argv):
         if not getattr(args, "autotuning", None):
             return None

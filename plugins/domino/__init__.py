@@ -5,8 +5,8 @@ Plain tensor parallelism stops after every attention and MLP block to all-reduce
 sums. Domino cuts the batch into pieces and interleaves them, so the all-reduce of one piece
 travels while the other piece computes (``transformer``); in backward each column-parallel
 Linear's input-gradient all-reduce travels while its weight gradient is computed (``layers``).
-It builds on the tensor-parallel plugin's layers and on the tensor x data parallel groups of
-``deepspeed.utils.groups`` (``init_tensor_parallel_groups``), and needs them: without tensor
+It builds on the tensor-parallel plugin's layers and tensor x data parallel groups
+(``deepspeed.tensor_parallel.init_tensor_parallel_groups``), and needs them: without tensor
 parallelism it refuses to build. ``record_overlap()`` traces launches, waits and compute.
 """
 from deepspeed.domino.config import DominoConfig

@@ -51,18 +51,19 @@ class DominoConfig(DeepSpeedConfigModel):
 
 
 def tensor_parallel_unit(mpu=None):
-    """The model-parallel unit Domino splits over: ``mpu`` when given, else the one registered
-    in ``deepspeed.utils.groups`` (``init_tensor_parallel_groups``). Domino only exists to hide
-    tensor-parallel all-reduces, so no unit, or a tensor-parallel size of 1, is an error."""
+    """The model-parallel unit Domino splits over: ``mpu`` when given, else the one the current
+    topology answers from (``deepspeed.tensor_parallel.init_tensor_parallel_groups`` registers
+    it). Domino only exists to hide tensor-parallel all-reduces, so no unit, or a
+    tensor-parallel size of 1, is an error."""
     from deepspeed import comm as dist
-    from deepspeed.utils import groups
+    from deepspeed import topology
 
     how = ("call deepspeed.utils.groups.init_tensor_parallel_groups(tp_size) with tp_size > 1 "
            "(or pass mpu= with Megatron's get_tensor_model_parallel_* getters)")
     if not dist.is_initialized():
         raise RuntimeError(f"Domino needs tensor parallelism over the distributed backend: call "
                            f"deepspeed.init_distributed() first, then {how}")
-    unit = mpu if mpu is not None else groups.mpu
+    unit = mpu if mpu is not None else topology.current().unit
     if unit is None:
         raise RuntimeError(f"Domino overlaps tensor-parallel communication with compute, but no "
                            f"tensor parallelism is set up: {how}")

@@ -12,7 +12,7 @@ would average the slices of different ranks together.
 """
 from deepspeed.hooks import REPLICATED_PARAM, hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
-from deepspeed.tensor_parallel.layers import TENSOR_MODEL_PARALLEL
+from deepspeed.tensor_parallel import TENSOR_MODEL_PARALLEL
 
 
 def domino_unit(model):
@@ -33,6 +33,7 @@ def domino_unit(model):
 
 class DominoPlugin(DeepSpeedPlugin):
     enabled_by = "a model holding DominoTransformerLayer modules"
+    depends_on = ("tensor_parallel",)  # its layers and groups
 
     def is_enabled(self, config, sections):
         return False  # only through the model

@@ -4,7 +4,7 @@ rank's slice of a full tensor is its ``partition_dim`` chunk; everything else is
 import torch
 
 from deepspeed import comm as dist
-from deepspeed.tensor_parallel.layers import PARTITION_DIM, TENSOR_MODEL_PARALLEL
+from deepspeed.tensor_parallel import PARTITION_DIM, TENSOR_MODEL_PARALLEL
 
 
 def load_unsplit_state_dict(module, state_dict):

@@ -53,9 +53,40 @@ class ElasticityPlugin(DeepSpeedPlugin):
         return elastic_batch(config, world_size)
 
     @hookimpl
+    def deepspeed_launcher_arguments(self, parser):
+        return [
+            parser.add_argument("--elastic_training", action="store_true",
+                                help="Run the workers under torch elastic rendezvous, so the job "
+                                     "survives workers leaving and joining (elasticity plugin)."),
+            parser.add_argument("--min_elastic_nodes", type=int, default=-1,
+                                help="With --elastic_training: fewest nodes to train on "
+                                     "(default 1)."),
+            parser.add_argument("--max_elastic_nodes", type=int, default=-1,
+                                help="With --elastic_training: most nodes to train on (default: "
+                                     "the number of hosts)."),
+        ]
+
+    @hookimpl
     def deepspeed_launcher_command(self, args, argv):
-        if not getattr(args, "elastic_training", False):
+        if not hasattr(args, "elastic_training"):
+            return None
+        check_elastic_flags(args)
+        if not args.elastic_training:
             return None
         from deepspeed.elasticity.agent import run_elastic
 
         return run_elastic(args)
+
+
+def check_elastic_flags(args):
+    """Reject the elastic node bounds without ``--elastic_training`` or out of order."""
+    if not args.elastic_training and (args.min_elastic_nodes != -1 or args.max_elastic_nodes != -1):
+        raise ValueError("--min_elastic_nodes/--max_elastic_nodes need --elastic_training")
+    for flag, value in (("--min_elastic_nodes", args.min_elastic_nodes),
+                        ("--max_elastic_nodes", args.max_elastic_nodes)):
+        if value == 0 or value < -1:
+            raise ValueError(f"{flag} must be a positive integer (or -1 for the default), "
+                             f"got {value}")
+    if 0 < args.max_elastic_nodes < args.min_elastic_nodes:
+        raise ValueError(f"--max_elastic_nodes ({args.max_elastic_nodes}) is smaller than "
+                         f"--min_elastic_nodes ({args.min_elastic_nodes})")

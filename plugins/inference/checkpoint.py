@@ -27,7 +27,7 @@ import os
 import torch
 from torch import nn
 
-from deepspeed.inference.sharding import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
+from deepspeed.tensor_parallel import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
 from deepspeed.inference.torch_patches import empty_init  # noqa: F401  (its documented path)
 from deepspeed.utils import logging as ds_logging
 

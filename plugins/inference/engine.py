@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from deepspeed import comm as dist
-from deepspeed.inference.auto_tp import (AutoTP, TensorParallelError, policy_from_injection,
-                                         shard_model)
+from deepspeed import topology
+from deepspeed.hooks import ParallelDim
 from deepspeed.inference.checkpoint import checkpoint_files, load_into
 from deepspeed.inference.config import DtypeEnum
 from deepspeed.inference.cuda_graph import CudaGraphs, refuse_without_cuda
@@ -33,6 +33,8 @@ from deepspeed.inference.moe_inference import (prepare_moe, shard_stacked_expert
                                                slice_experts)
 from deepspeed.inference.quantize import quantize_model
 from deepspeed.inference.vocab_parallel import shard_vocab
+from deepspeed.tensor_parallel import (AutoTP, TensorParallelError, policy_from_injection,
+                                       shard_model)
 from deepspeed.utils import logging as ds_logging
 
 logger = ds_logging.logger
@@ -144,14 +146,14 @@ class InferenceEngine(nn.Module):
 
     @staticmethod
     def _new_tp_group(world, tp_size):
+        """This rank's group of ``tp_size`` consecutive ranks, as the topology dimension
+        ``"inference.tensor"`` (None: the world group)."""
         if tp_size == world:
             return None  # the world group
-        mine = None
-        for start in range(0, world, tp_size):
-            group = dist.new_group(list(range(start, start + tp_size)))
-            if start <= dist.get_rank() < start + tp_size:
-                mine = group
-        return mine
+        dim, = topology.current().add(ParallelDim(
+            "inference.tensor",
+            [range(start, start + tp_size) for start in range(0, world, tp_size)]))
+        return dim.group
 
     # ------------------------------------------------------------------ running
     def forward(self, *inputs, **kwargs):

@@ -22,18 +22,16 @@ import importlib.util
 import torch
 
 from deepspeed import comm as dist
-from deepspeed.inference.sharding import (CHECKPOINT_KEY, frozen, mark, narrow_fn, shard_range,
-                                          take_shard)
+from deepspeed.tensor_parallel import (CHECKPOINT_KEY, frozen, mark, narrow_fn, shard_range,
+                                       take_shard)
 
 
 
 def _moe_layer_class():
     if importlib.util.find_spec("deepspeed.moe") is None:
         return None
-    try:
-        from deepspeed.moe.layer import MoE
-    except ImportError:
-        return None
+    from deepspeed.moe import MoE
+
     return MoE
 
 
@@ -86,9 +84,7 @@ def _name_experts_globally(name, layer):
     """Tag each local expert's parameters with their key in a full (``ep_size=1``) state dict."""
     if layer.ep_size == 1:
         return
-    from deepspeed.utils import groups
-
-    ep_rank = groups._get_expert_parallel_rank(layer.expert_group_name)
+    ep_rank = layer.expert_parallel_rank()
     local = layer.num_local_experts
     prefix = f"{name}.deepspeed_moe.experts.deepspeed_experts."
     experts = layer.deepspeed_moe.experts.deepspeed_experts
@@ -102,7 +98,7 @@ def slice_experts(model, tp_size, rank, group):
     last split by output features, the last by input features (``LinearAllreduce``). An
     expert whose Linears do not read and write the hidden size stays whole. Returns the names
     of the experts sliced."""
-    from deepspeed.inference.auto_tp import shard_block
+    from deepspeed.tensor_parallel import shard_block
 
     sliced = []
     for name, layer in moe_layers(model):

@@ -26,6 +26,8 @@ def init_inference(model, config=None, **kwargs):
 
 class InferencePlugin(DeepSpeedPlugin):
     enabled_by = "deepspeed.init_inference"
+    # AutoTP, the split layers and sharding; the MoE layer (expert-parallel inference)
+    depends_on = ("tensor_parallel", "moe")
 
     def is_enabled(self, config, sections):
         return False  # never part of a training engine

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from deepspeed.inference.layers import LinearAllreduce, LinearLayer
 from deepspeed.inference.vocab_parallel import VocabParallelLMHead
+from deepspeed.tensor_parallel import LinearAllreduce, LinearLayer
 
 QUANTIZABLE = (nn.Linear, LinearLayer, LinearAllreduce, VocabParallelLMHead)
 

@@ -1,6 +1,6 @@
 """``replace_transformer_layer``: upstream's module-replacement entry point: AutoTP's tensor
 slicing, then with ``replace_with_kernel_inject`` the fused path of ``kernel_inject``."""
-from deepspeed.inference.auto_tp import AutoTP, policy_from_injection, shard_model
+from deepspeed.tensor_parallel import AutoTP, policy_from_injection, shard_model
 
 
 def replace_transformer_layer(orig_layer_impl, model, checkpoint_dict=None, config=None,

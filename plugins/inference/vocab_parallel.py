@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepspeed import comm as dist
-from deepspeed.inference.sharding import (frozen, mark, narrow_fn, replace_everywhere,
-                                          shard_range, shard_sizes, take_shard)
+from deepspeed.tensor_parallel import (frozen, mark, narrow_fn, replace_everywhere,
+                                       shard_range, shard_sizes, take_shard)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -61,21 +61,13 @@ def _experts_prefix(name):
     return f"{name}.{EXPERTS_INFIX}" if name else EXPERTS_INFIX
 
 
-def _ep_rank(layer):
-    if layer.ep_size == 1:
-        return 0
-    from deepspeed.utils import groups
-
-    return groups._get_expert_parallel_rank(layer.expert_group_name)
-
-
 def _writes_experts(engine, layer):
     """Expert-data-parallel rank 0 of the layer (data-parallel rank 0 for ``ep_size`` 1)."""
     if layer.ep_size == 1:
         return data_parallel_rank(engine) == 0
-    from deepspeed.utils import groups
+    from deepspeed.moe.groups import _get_expert_data_parallel_rank
 
-    return groups._get_expert_data_parallel_rank(layer.expert_group_name) == 0
+    return _get_expert_data_parallel_rank(layer.expert_group_name) == 0
 
 
 def _group_ranks(group):
@@ -85,12 +77,12 @@ def _group_ranks(group):
 def _optimizer_state_owner(layers):
     """``(index, writes)``: the ranks holding the same experts of every split layer as this
     rank hold the same optimizer state; the lowest of them names the file and writes it."""
-    from deepspeed.utils import groups
+    from deepspeed.moe.groups import _get_expert_data_parallel_group
 
     same = None
     for _, layer in layers:
         if layer.ep_size > 1:
-            ranks = _group_ranks(groups._get_expert_data_parallel_group(layer.expert_group_name))
+            ranks = _group_ranks(_get_expert_data_parallel_group(layer.expert_group_name))
             same = ranks if same is None else same & ranks
     index = min(same)
     return index, dist.get_rank() == index
@@ -100,17 +92,18 @@ def _rank_tables(layer):
     """``{"expert_parallel_ranks": [...], "expert_data_parallel_ranks": [...]}``: the rank of
     every global rank in its expert-parallel and expert-data-parallel group of a split layer
     (offline tools such as ``ds_to_universal`` map each rank's files through them). Read off
-    the layout of ``groups._expert_layout`` that holds this rank's expert-parallel group, so no
+    the layout of ``deepspeed.moe.groups._expert_layout`` that holds this rank's
+    expert-parallel group, so no
     collective is needed."""
     if layer.ep_size == 1:
         return {}
-    from deepspeed.utils import groups
+    from deepspeed.moe.groups import _expert_layout, _get_expert_parallel_group
 
     world = int(dist.get_world_size())
-    group = groups._get_expert_parallel_group(layer.expert_group_name)
+    group = _get_expert_parallel_group(layer.expert_group_name)
     mine = [dist.get_global_rank(group, i) for i in range(dist.get_world_size(group=group))]
     for swapped in (False, True):
-        expert_lists, data_lists = groups._expert_layout(world, int(layer.ep_size), swapped)
+        expert_lists, data_lists = _expert_layout(world, int(layer.ep_size), swapped)
         if mine in expert_lists:
             break
     else:
@@ -184,7 +177,7 @@ def save_experts(engine, checkpoint_dir, state, exclude_frozen_parameters):
         if not _writes_experts(engine, layer):
             continue
         experts = layer.deepspeed_moe.experts.deepspeed_experts
-        first = _ep_rank(layer) * layer.num_local_experts
+        first = layer.expert_parallel_rank() * layer.num_local_experts
         for local_id, expert in enumerate(experts):
             global_id = first + local_id
             frozen = {n for n, p in expert.named_parameters() if not p.requires_grad}
@@ -234,7 +227,7 @@ def name_experts_globally(module):
 
     for name, layer in moe_layers(module):
         experts = layer.deepspeed_moe.experts.deepspeed_experts
-        first = _ep_rank(layer) * layer.num_local_experts
+        first = layer.expert_parallel_rank() * layer.num_local_experts
         for key, param in experts.named_parameters():
             if layer.ep_size == 1:
                 if hasattr(param, UNIVERSAL_CHECKPOINT_NAME):
@@ -259,7 +252,7 @@ def _whole_model_weights(layers, state_dict):
         held = {int(key[len(prefix):].split(".", 1)[0]) for key in entries}
         if held != set(range(layer.num_experts)):
             return None
-        first = _ep_rank(layer) * layer.num_local_experts
+        first = layer.expert_parallel_rank() * layer.num_local_experts
         for key, value in entries.items():
             global_id, rest = key[len(prefix):].split(".", 1)
             local = int(global_id) - first
@@ -288,7 +281,7 @@ def load_experts(engine, state_dict, checkpoint_dir, state):
     weights = dict(state_dict)
     for moe_layer_id, (name, layer) in enumerate(layers):
         prefix = _experts_prefix(name)
-        first = _ep_rank(layer) * layer.num_local_experts
+        first = layer.expert_parallel_rank() * layer.num_local_experts
         for local_id in range(layer.num_local_experts):
             weights.update(_expert_entries(checkpoint_dir, moe_layer_id, first + local_id, mp,
                                            prefix, local_id))

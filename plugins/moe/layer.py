@@ -1,9 +1,9 @@
 """``deepspeed.moe.layer.MoE``: a mixture-of-experts block that replaces a dense MLP.
 
-The layer owns its process groups: with ``ep_size > 1`` it builds (once per size, through
-``deepspeed.utils.groups``) the expert-parallel group its tokens are exchanged over and the
-expert-data-parallel group its experts' gradients are averaged over, and tags every expert
-parameter with the latter (``deepspeed.hooks.GRADIENT_GROUP``) so the engine reduces expert
+The layer owns its process groups: with ``ep_size > 1`` it builds (once per size, as the
+expert dimensions of the topology: ``deepspeed.moe.groups``) the expert-parallel group its
+tokens are exchanged over and the expert-data-parallel group its experts' gradients are
+averaged over, and tags every expert parameter with the latter (``deepspeed.hooks.GRADIENT_GROUP``) so the engine reduces expert
 gradients there and dense gradients over the whole data-parallel group. Building a group is
 collective, so it happens in ``__init__`` when the distributed backend is up (every rank
 builds the same layers in the same order), else at the first forward; the engine needs
@@ -24,10 +24,12 @@ import torch
 from torch import nn
 
 from deepspeed import comm as dist
+from deepspeed import topology
 from deepspeed.hooks import GRADIENT_GROUP, GRADIENT_NORM_GROUP
+from deepspeed.moe import groups as moe_groups
 from deepspeed.moe.experts import Experts
+from deepspeed.moe.groups import ensure_expert_groups
 from deepspeed.moe.sharded_moe import MOELayer, TopKGate, check_noisy_gate_policy
-from deepspeed.utils import groups
 
 
 def _check_arguments(hidden_size, num_experts, ep_size, k):
@@ -74,18 +76,20 @@ class MoE(nn.Module):
         if self.use_residual:
             self.mlp = copy.deepcopy(expert)
             self.coefficient = nn.Linear(hidden_size, 2)
-        self._groups_ready, self._groups_mpu = False, None
+        self._groups_ready, self._groups_unit, self._groups_world = False, None, None
         if dist.is_initialized():
             self.set_deepspeed_parallelism()
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_=False):
         """Build (or reuse) this layer's process groups and tag the expert parameters.
         Collective when the groups do not exist yet: call it on every rank. Done again when
-        another model-parallel unit was registered since (``deepspeed.initialize(mpu=...)``
-        after the model was built), since the groups are laid out over its slices."""
-        if self._groups_ready and self._groups_mpu is groups.mpu:
+        the current topology answers from another model-parallel unit than the one the groups
+        were laid out under (``deepspeed.initialize(mpu=...)`` after the model was built)."""
+        topo = topology.current()
+        if self._groups_ready and self._groups_unit is topo.unit \
+                and self._groups_world is topo.world_group:
             return
-        tp = groups._get_model_parallel_world_size()
+        tp = topo.size("model")
         experts = self.deepspeed_moe.experts
         if self.ep_size == 1 and tp == 1:  # the experts are replicated like any dense weight
             self.deepspeed_moe._set_tp_group(None, 1)
@@ -93,37 +97,49 @@ class MoE(nn.Module):
                 for attr in (GRADIENT_GROUP, GRADIENT_NORM_GROUP):
                     if hasattr(param, attr):
                         delattr(param, attr)
-            self._groups_ready, self._groups_mpu = True, groups.mpu
+            self._remember(topo)
             return
         what = (f"MoE ep_size={self.ep_size}" if tp == 1 else
                 f"MoE ep_size={self.ep_size} with tensor parallelism (model-parallel size {tp})")
         if not dist.is_initialized():
             raise RuntimeError(f"{what} needs the distributed backend: call "
                                f"deepspeed.init_distributed() before building or running it")
-        dp = groups._get_data_parallel_world_size()
+        dp = topo.size("data")
         if dp % self.ep_size != 0:
             where = "world size" if dp == dist.get_world_size() else "data-parallel world size"
             raise ValueError(f"MoE ep_size={self.ep_size} must divide the {where} {dp}")
-        groups._create_expert_and_data_parallel(self.ep_size, use_data_before_expert_parallel_)
+        ensure_expert_groups(self.ep_size, use_data_before_expert_parallel_)
         name = self.expert_group_name
-        self.deepspeed_moe._set_ep_group(groups._get_expert_parallel_group(name))
+        self.deepspeed_moe._set_ep_group(moe_groups._get_expert_parallel_group(name))
         if tp > 1 and not self.enable_expert_tensor_parallelism:
             # replicated over the TP ranks, each running its slice of the slots: the gradient
             # sums every TP rank's slice; the ranks with other experts are this slice's
-            self.deepspeed_moe._set_tp_group(groups._get_model_parallel_group(), tp)
-            gradient_group = groups._get_expert_replica_group(name)
-            norm_group = groups._get_expert_parallel_group(name)
+            self.deepspeed_moe._set_tp_group(topo.group("model"), tp)
+            gradient_group = moe_groups._get_expert_replica_group(name)
+            norm_group = moe_groups._get_expert_parallel_group(name)
         else:
             # tensor-parallel experts (or none): each TP rank its own pieces, all slots
             self.deepspeed_moe._set_tp_group(None, 1)
-            gradient_group = groups._get_expert_data_parallel_group(name)
-            norm_group = groups._get_expert_model_parallel_group(name)
+            gradient_group = moe_groups._get_expert_data_parallel_group(name)
+            norm_group = moe_groups._get_expert_model_parallel_group(name)
         for param in experts.parameters():
             setattr(param, GRADIENT_GROUP, gradient_group)  # summed over the same expert's copies
             setattr(param, GRADIENT_NORM_GROUP, norm_group)  # norm: over the other experts'
             if tp > 1 and not self.enable_expert_tensor_parallelism:
                 param.tensor_model_parallel = False  # Megatron's mark: a replicated weight
-        self._groups_ready, self._groups_mpu = True, groups.mpu
+        self._remember(topo)
+
+    def _remember(self, topo):
+        """The unit and world the groups were set up for (another of either: set up again)."""
+        self._groups_ready, self._groups_unit, self._groups_world = True, topo.unit, \
+            topo.world_group
+
+    def expert_parallel_rank(self):
+        """This rank's index in the layer's expert-parallel group (0 with ``ep_size`` 1): its
+        local experts are the experts ``rank * num_local_experts`` onwards of the model."""
+        if self.ep_size == 1:
+            return 0
+        return moe_groups._get_expert_parallel_rank(self.expert_group_name)
 
     # upstream's private name, called by Megatron-DeepSpeed
     _create_process_groups = set_deepspeed_parallelism

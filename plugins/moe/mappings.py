@@ -11,7 +11,7 @@ the gather is a slice. That relies on the upstream gradient being the same on ev
 tensor-parallel rank (it is: the layers after the MoE are replicated or tensor parallel in
 Megatron's sense), and it leaves each rank's experts with the gradient of its own slice only,
 which is why such experts sum their gradients over every tensor-parallel rank too
-(``deepspeed.utils.groups._get_expert_replica_group``).
+(``deepspeed.moe.groups._get_expert_replica_group``).
 """
 import torch
 
@@ -19,13 +19,13 @@ from deepspeed import comm as dist
 
 
 def _tp_group_and_size(group):
-    """``(group, size)``: ``group``, else the registered mpu's tensor-parallel group."""
-    from deepspeed.utils import groups
+    """``(group, size)``: ``group``, else the current topology's model-parallel group."""
+    from deepspeed import topology
 
     if group is None:
-        if groups._get_model_parallel_world_size() == 1:
+        if topology.current().size("model") == 1:
             return None, 1
-        group = groups._get_model_parallel_group()
+        group = topology.current().group("model")
     return group, dist.get_world_size(group=group)
 
 

@@ -54,10 +54,10 @@ def check_moe_compatible(module, zero_stage, clipping=None):
     shards would mix the different experts that ranks hold in the same slot), z3 leaf or not.
     ZeRO 1/2 partition expert param groups over their expert-data-parallel group and gradient
     clipping sums expert norms over the expert-parallel group (``GRADIENT_NORM_GROUP``)."""
-    from deepspeed.utils import groups
+    from deepspeed import topology
 
     layers = expert_parallel_layers(module)
-    tp = groups._get_model_parallel_world_size()
+    tp = topology.current().size("model")
     if zero_stage >= 3 and tp > 1 and not layers:
         replicated = [(name, m) for name, m in all_moe_layers(module)
                       if not m.enable_expert_tensor_parallelism]

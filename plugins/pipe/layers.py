@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from deepspeed.utils.logging import logger
-from deepspeed.utils.partitioning import partition_balanced, partition_uniform
+from deepspeed.pipe.partitioning import partition_balanced, partition_uniform
 
 PARTITION_METHODS = ("parameters", "uniform", "type:<regex>")
 

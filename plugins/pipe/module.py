@@ -24,18 +24,21 @@ from torch import nn
 
 import deepspeed.comm as dist
 from deepspeed import checkpointing
+from deepspeed import topology as ds_topology
 from deepspeed.accelerator import get_accelerator
 from deepspeed.checkpoint import atomic_torch_save, load_file
-from deepspeed.hooks import REPLICATED_PARAM
+from deepspeed.hooks import REPLICATED_PARAM, ParallelDim
 from deepspeed.pipe.layers import (LayerSpec, TiedLayerSpec, get_nested_attr, partition_layers,
                                    set_random_seed)
 from deepspeed.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
 from deepspeed.utils.logging import log_dist
-from deepspeed.utils.partitioning import partition_uniform
+from deepspeed.pipe.partitioning import partition_uniform
 
 PIPE_AXIS = "pipe"
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
+#: the topology dimension of the tied-weight groups, one instance per tie key
+TIED_DIMENSION = "pipe.tied"
 
 
 def _rank_and_world():
@@ -231,9 +234,13 @@ class PipelineModule(nn.Module):
         for key in self._tie_keys():
             stages = sorted({self.stage_owner(idx) for idx, layer in enumerate(self._layer_specs)
                              if isinstance(layer, TiedLayerSpec) and str(layer.key) == key})
-            for other in self._other_coords():
-                ranks = [self._topo.get_rank(**{PIPE_AXIS: stage}, **other) for stage in stages]
-                group = dist.new_group(ranks=ranks)
+            lists = [[self._topo.get_rank(**{PIPE_AXIS: stage}, **other) for stage in stages]
+                     for other in self._other_coords()]
+            # one dimension of the process-group topology per tie key
+            tied, = ds_topology.current().add(ParallelDim(TIED_DIMENSION, tuple(map(tuple, lists)),
+                                                       key=key))
+            for ranks in lists:
+                group = tied.group
                 if self.global_rank not in ranks:
                     continue
                 assert key in self.tied_modules, f"tied key {key!r} was not built on this stage"

@@ -6,17 +6,23 @@ in row-major order (the last axis varies fastest) and answers questions about th
 without touching any process group, so it can be built and tested anywhere. Pipeline code names
 its axes ``pipe`` (the stage), ``data`` (replicas) and ``model`` (tensor slices).
 
-``PipelineParallelGrid`` is the one piece that talks to ``deepspeed.comm``: it builds the process
-groups of a topology and answers, for the calling rank, the Megatron-style *model-parallel unit*
-questions (``get_data_parallel_group()`` ...) that the engine, ``deepspeed.utils.groups`` and the
+``PipelineParallelGrid`` is the one piece that talks to ``deepspeed.comm``: it adds the process
+groups of a topology to the run's process-group topology (``deepspeed.topology``, as the
+dimensions ``"pipe"``, ``"pipe.data"``, ``"pipe.model"`` and ``"pipe.model_parallel"``) and
+answers, for the calling rank, the Megatron-style *model-parallel unit* questions
+(``get_data_parallel_group()`` ...) that the engine, ``deepspeed.utils.groups`` and the
 checkpoint code ask of an ``mpu``.
 """
 from collections import namedtuple
 from itertools import product
 
 from deepspeed import comm as dist
+from deepspeed import topology as ds_topology
+from deepspeed.hooks import ParallelDim, ParallelMesh
 
 PIPE, DATA, MODEL = "pipe", "data", "model"
+#: the topology dimension of the ranks that together hold one copy of the model (pipe x tensor)
+MODEL_PARALLEL = "pipe.model_parallel"
 
 
 class ProcessTopology:
@@ -192,9 +198,9 @@ class PipelineParallelGrid:
     """The process groups of a topology, seen from the calling rank: the ``mpu`` of pipeline
     training.
 
-    Construction is collective: every rank builds every group of the topology, in the same order,
-    because ``new_group`` must be called by all processes. A rank list shared by two kinds of
-    group (pipe × data has ``model-parallel`` = ``pipe`` groups) is created once.
+    Construction is collective: every rank adds the same dimensions to the process-group topology,
+    in the same order, because ``new_group`` must be called by all processes. A layout shared by
+    two kinds of group (pipe × data has ``model-parallel`` = ``pipe`` groups) is created once.
 
     Groups, for this rank:
 
@@ -233,21 +239,34 @@ class PipelineParallelGrid:
         self.stage_id = self.get_stage_id()
         self.data_parallel_id = self.get_data_parallel_id()
 
-        self._groups = {}  # tuple(ranks) -> process group, so equal rank lists share one group
-        # Every rank runs the same sequence of new_group calls below.
+        # The groups are dimensions of the process-group topology (``deepspeed.topology``): the
+        # grid's axes as one ``DeviceMesh`` ("pipe", "pipe.data", "pipe.model"), a missing
+        # pipe / data / model axis as each rank alone, and the model-parallel groups (pipe x
+        # tensor, not adjacent axes of the mesh) as plain groups. Every rank adds the same.
+        built = ds_topology.current()
+        names = [PIPE if axis == PIPE else f"{PIPE}.{axis}" for axis in topology.axes]
+        dims = dict(zip(names, built.add(ParallelMesh(PIPE, tuple(topology.axes),
+                                                      tuple(topology.dims)))))
+        singles = tuple((rank,) for rank in range(self.world_size))
+        for axis in (PIPE, DATA, MODEL):
+            name = PIPE if axis == PIPE else f"{PIPE}.{axis}"
+            if name not in dims:
+                dims[name], = built.add(ParallelDim(name, singles))
         self.model_groups = [topology.filter_match(**{DATA: d}) if DATA in topology.axes
                              else list(range(self.world_size))
                              for d in range(self.data_parallel_size)]
-        self.ds_model_group, self.ds_model_proc_group = self._build(self.model_groups)
+        dims[MODEL_PARALLEL], = built.add(ParallelDim(MODEL_PARALLEL,
+                                                      tuple(map(tuple, self.model_groups))))
+        self.ds_model_group, self.ds_model_proc_group = self._mine(dims[MODEL_PARALLEL])
         self.ds_model_rank = self.ds_model_group.index(self.global_rank)
         self.ds_model_world_size = len(self.ds_model_group)
 
         self.dp_groups = self._axis_lists(DATA)
-        self.dp_group, self.dp_proc_group = self._build(self.dp_groups)
+        self.dp_group, self.dp_proc_group = self._mine(dims[f"{PIPE}.{DATA}"])
         self.pipe_groups = self._axis_lists(PIPE)
-        self.pp_group, self.pp_proc_group = self._build(self.pipe_groups)
+        self.pp_group, self.pp_proc_group = self._mine(dims[PIPE])
         self.slice_groups = self._axis_lists(MODEL)
-        self.slice_group, self.slice_proc_group = self._build(self.slice_groups)
+        self.slice_group, self.slice_proc_group = self._mine(dims[f"{PIPE}.{MODEL}"])
 
     @staticmethod
     def _default_topology(world_size):
@@ -265,18 +284,10 @@ class PipelineParallelGrid:
         lists = self._topo.get_axis_comm_lists(axis)
         return lists if lists else [[rank] for rank in range(self.world_size)]
 
-    def _build(self, rank_lists):
-        """Create (or reuse) a group for each list; return this rank's list and group."""
-        mine = None
-        for ranks in rank_lists:
-            key = tuple(ranks)
-            if key not in self._groups:
-                self._groups[key] = dist.new_group(ranks=list(ranks))
-            if self.global_rank in ranks:
-                mine = (list(ranks), self._groups[key])
-        if mine is None:
-            raise RuntimeError(f"rank {self.global_rank} is in none of the groups {rank_lists}")
-        return mine
+    @staticmethod
+    def _mine(dim):
+        """This rank's list and group of a topology dimension."""
+        return list(dim.ranks), dim.group
 
     # ------------------------------------------------------------------ where this rank is
     def topology(self):

@@ -1,5 +1,6 @@
 """Process groups for Ulysses sequence parallelism; this module itself is the model-parallel
-unit (``mpu``) handed to ``deepspeed.initialize(mpu=...)``.
+unit (``mpu``) handed to ``deepspeed.initialize(mpu=...)``, a view onto the sequence
+dimensions of the topology (``deepspeed.topology``): it holds no group itself.
 
 Sequence-parallel groups are blocks of consecutive ranks. Every rank loads different samples and
 the Ulysses data-loader adapter shares them inside each block, so the gradient has to be averaged
@@ -8,18 +9,25 @@ the engine and ZeRO partition and average over) answers the sequence-data-parall
 the pure data-parallel group (same sequence rank, different blocks) has its own getter.
 """
 from deepspeed import comm as dist
-from deepspeed.utils import groups
+from deepspeed import topology
+from deepspeed.hooks import ParallelDim, ParallelMesh
 
-_state = {}
+#: the topology dimensions of this layout: sequence-parallel blocks, the pure data-parallel
+#: groups across them, sequence x data (every rank: the engine's data-parallel group), and each
+#: rank alone (model parallelism of 1)
+SEQUENCE, PURE_DATA, SEQUENCE_DATA, SINGLE = ("sequence", "sequence.data", "sequence_data",
+                                              "sequence.model")
+_DIMENSIONS = (SEQUENCE, SEQUENCE_DATA, SINGLE)
 
 
-def _require(key):
-    if key not in _state:
+def _require(name):
+    dim = topology.current().built(name)
+    if dim is None:
         raise RuntimeError("sequence parallelism is not initialised: call "
                            "deepspeed.runtime.sequence_parallel.parallel_state_sp."
                            "initialize_sequence_parallel(sequence_parallel_size) or "
                            "UlyssesSPAttentionHF.register_with_transformers(...) first")
-    return _state[key]
+    return dim
 
 
 def check_size(name, value):
@@ -29,35 +37,20 @@ def check_size(name, value):
 
 
 def initialize_sequence_parallel(sequence_parallel_size):
-    """Build the groups (a collective: every rank must call it with the same size) and register
-    this module with ``deepspeed.utils.groups``."""
+    """Add the layout to the current topology (a collective: every rank must call it with the
+    same size) and register this module as its model-parallel unit."""
     check_size("sequence_parallel_size", sequence_parallel_size)
     if not dist.is_initialized():
         raise RuntimeError("sequence parallelism needs the distributed backend: call "
                            "deepspeed.comm.init_distributed() before initialize_sequence_parallel")
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     sp = sequence_parallel_size
     if world % sp != 0:
         raise ValueError(f"world size {world} is not divisible by sequence_parallel_size {sp}")
-    sp_group = dp_group = None
-    for start in range(0, world, sp):  # every rank creates every group, in the same order
-        ranks = list(range(start, start + sp))
-        group = dist.new_group(ranks=ranks)
-        if rank in ranks:
-            sp_group = group
-    for offset in range(sp):
-        ranks = list(range(offset, world, sp))
-        group = dist.new_group(ranks=ranks)
-        if rank in ranks:
-            dp_group = group
-    mp_group = None
-    for other in range(world):  # model parallelism of 1: each rank alone (activation checkpointing
-        group = dist.new_group(ranks=[other])  # asks the mpu for this group)
-        if other == rank:
-            mp_group = group
-    _state.update(sp_size=sp, sp_group=sp_group, dp_group=dp_group, mp_group=mp_group,
-                  sdp_group=dist.get_world_group(), world=world, rank=rank)
-    groups.set_mpu(_this_module())
+    topology.current().add(ParallelMesh(SEQUENCE, ("data", "sequence"), (world // sp, sp)),
+                           ParallelDim(SEQUENCE_DATA, (tuple(range(world)),)),
+                           ParallelDim(SINGLE, tuple((rank,) for rank in range(world))))
+    topology.set_unit(_this_module())
 
 
 def _this_module():
@@ -66,38 +59,41 @@ def _this_module():
 
 
 def destroy_sequence_parallel():
-    """Forget the groups and unregister this unit (tests, or re-initialising with another size)."""
-    if groups.mpu is _this_module():
-        groups.set_mpu(None)
-    _state.clear()
+    """Forget the layout and unregister this unit (tests, or re-initialising with another
+    size)."""
+    current = topology.current()
+    if current.unit is _this_module():
+        topology.set_unit(None)
+    for name in _DIMENSIONS:
+        current.remove(name)
 
 
 def is_initialized():
-    return bool(_state)
+    return topology.current().built(SEQUENCE) is not None
 
 
 def get_sequence_parallel_group():
-    return _require("sp_group")
+    return _require(SEQUENCE).group
 
 
 def get_sequence_parallel_world_size():
-    return _require("sp_size")
+    return _require(SEQUENCE).size
 
 
 def get_sequence_parallel_rank():
-    return _require("rank") % _require("sp_size")
+    return _require(SEQUENCE).rank
 
 
 def get_sequence_data_parallel_group():
-    return _require("sdp_group")
+    return _require(SEQUENCE_DATA).group
 
 
 def get_sequence_data_parallel_world_size():
-    return _require("world")
+    return _require(SEQUENCE_DATA).size
 
 
 def get_sequence_data_parallel_rank():
-    return _require("rank")
+    return _require(SEQUENCE_DATA).rank
 
 
 # The engine's data-parallel group: see the module docstring.
@@ -108,15 +104,15 @@ get_data_parallel_rank = get_sequence_data_parallel_rank
 
 def get_pure_data_parallel_group():
     """Ranks holding the same sequence slice of different samples."""
-    return _require("dp_group")
+    return _require(PURE_DATA).group
 
 
 def get_pure_data_parallel_world_size():
-    return _require("world") // _require("sp_size")
+    return _require(PURE_DATA).size
 
 
 def get_pure_data_parallel_rank():
-    return _require("rank") // _require("sp_size")
+    return _require(PURE_DATA).rank
 
 
 def get_model_parallel_world_size():
@@ -130,4 +126,4 @@ def get_model_parallel_rank():
 def get_model_parallel_group():
     """This rank alone: Ulysses has no tensor parallelism (activation checkpointing's
     partition_activations therefore keeps whole tensors)."""
-    return _require("mp_group")
+    return _require(SINGLE).group

@@ -8,9 +8,9 @@ parallelism on mis-sliced sequences.
 """
 from pydantic import PositiveInt
 
+from deepspeed import topology
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
-from deepspeed.utils import groups
 
 SECTION = "sequence_parallel_size"
 
@@ -26,7 +26,7 @@ class SequenceParallelPlugin(DeepSpeedPlugin):
         wanted = config.section(SECTION)
         if wanted == 1:
             return
-        actual = groups._get_sequence_parallel_world_size()
+        actual = topology.current().size("sequence")
         if actual != wanted:
             raise ValueError(
                 f'config "{SECTION}": {wanted}, but the registered model-parallel unit reports a '

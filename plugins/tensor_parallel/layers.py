@@ -1,5 +1,15 @@
-"""The two tensor-parallel Linear layers of AutoTP *training*, and the two communication ops
-that make autograd through them exact (Megatron's conjugate pair "f" and "g").
+"""The tensor-parallel Linear layers, for inference and training, and the two communication
+ops that make autograd through the training ones exact (Megatron's conjugate pair "f" and "g").
+
+Every split Linear holds this rank's slice of the weight (``SplitLinear``: ``in_features`` /
+``out_features`` are this rank's). AutoTP puts the inference pair in place of ``nn.Linear``:
+``LinearLayer`` holds a slice of the output features (column parallel): its output is this
+rank's part of the activations and needs no communication. ``LinearAllreduce`` holds the
+matching slice of the input features (row parallel): it multiplies this rank's part of the
+activations and sums the partial results over the tensor-parallel group, then adds the bias
+once. A block whose Linears are column parallel up to the one writing into the residual
+stream, which is row parallel, computes exactly what the unsplit block computes, with one
+all-reduce per such Linear. Their weights are frozen, their all-reduce plain.
 
 A transformer block split by AutoTP runs, on each rank of the tensor-parallel group,
 
@@ -14,14 +24,15 @@ A transformer block split by AutoTP runs, on each rank of the tensor-parallel gr
   gradient, since each rank's column slice only saw part of the use of ``x``. After it, the
   gradient reaching the replicated layers (norms, embeddings) is the whole one on every rank.
 
-The inference plugin's ``LinearAllreduce`` / ``LinearLayer`` do the same forward without
-autograd (frozen weights, a plain all-reduce); ``from_inference_layer`` turns them into these.
+``ColumnParallelLinear`` / ``RowParallelLinear`` train: ``from_inference_layer`` turns an
+inference pair AutoTP made into them.
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from deepspeed import comm as dist
+from deepspeed.tensor_parallel.sharding import frozen
 
 #: set on a parameter split over the tensor-parallel group (Megatron's attribute names):
 #: ``tensor_model_parallel`` True and ``partition_dim`` the dimension it was cut along
@@ -90,20 +101,17 @@ def _mark(param, dim):
     return param
 
 
-class _TensorParallelLinear(nn.Module):
-    """What both split Linears share: this rank's weight slice, cut along ``split_dim`` (0:
-    output features, 1: input features) and marked so; the bias, cut along 0 when
-    ``split_bias``; the tensor-parallel group; the model's ``SharedInputCopy``."""
+class SplitLinear(nn.Module):
+    """What every split Linear shares: this rank's ``weight`` slice and ``bias`` (Parameters as
+    given; plain tensors become frozen Parameters), cut along ``split_dim`` (0: output
+    features, column parallel; 1: input features, row parallel)."""
 
     split_dim = None
-    split_bias = False
 
-    def __init__(self, weight, bias, group, shared_copy=None):
+    def __init__(self, weight, bias=None):
         super().__init__()
-        self.weight = _mark(weight, self.split_dim)
-        self.bias = bias if bias is None or not self.split_bias else _mark(bias, 0)
-        self.group = group
-        self.shared_copy = shared_copy
+        self.weight = frozen(weight)
+        self.bias = None if bias is None else frozen(bias)
 
     @property
     def in_features(self):
@@ -117,6 +125,61 @@ class _TensorParallelLinear(nn.Module):
         split = ("in_features", "out_features")[self.split_dim == 0]
         return (f"in_features={self.in_features}, out_features={self.out_features} "
                 f"({split} of this rank)")
+
+
+class LinearAllreduce(SplitLinear):
+    """Row-parallel Linear for inference: ``all_reduce(x_part @ weight_part.T) + bias``.
+
+    ``weight`` is this rank's ``[out_features, in_features / tp]`` slice, ``bias`` the whole
+    bias (or None), ``mp_group`` the tensor-parallel group (None: the world group; False: no
+    all-reduce)."""
+
+    split_dim = 1
+
+    def __init__(self, weight, bias=None, mp_group=None):
+        super().__init__(weight, bias)
+        self.mp_group = mp_group
+
+    def forward(self, input):
+        output = F.linear(input, self.weight)
+        if self.mp_group is not False:
+            dist.inference_all_reduce(output, group=self.mp_group)
+        if self.bias is not None:
+            output = output + self.bias
+        return output
+
+
+class LinearLayer(SplitLinear):
+    """Column-parallel Linear for inference: ``x @ weight_part.T + bias_part``. ``weight`` is
+    this rank's ``[out_features / tp, in_features]`` slice, ``bias`` its matching slice (or
+    None). ``weight_shape`` / ``dtype`` build an empty layer instead (upstream's signature)."""
+
+    split_dim = 0
+
+    def __init__(self, weight_shape=None, dtype=torch.half, weight=None, bias=None):
+        if weight is None:
+            if weight_shape is None:
+                raise ValueError("LinearLayer needs a weight or a weight_shape")
+            weight = torch.empty(weight_shape, dtype=dtype)
+            bias = torch.empty(weight_shape[0], dtype=dtype)
+        super().__init__(weight, bias)
+
+    def forward(self, input):
+        return F.linear(input, self.weight, self.bias)
+
+
+class _TensorParallelLinear(SplitLinear):
+    """What both training Linears share: the weight slice marked with its split dimension,
+    the bias cut along 0 (and marked) when ``split_bias``, the tensor-parallel group, the
+    model's ``SharedInputCopy``."""
+
+    split_bias = False
+
+    def __init__(self, weight, bias, group, shared_copy=None):
+        super().__init__(_mark(weight, self.split_dim),
+                         bias if bias is None or not self.split_bias else _mark(bias, 0))
+        self.group = group
+        self.shared_copy = shared_copy
 
 
 class ColumnParallelLinear(_TensorParallelLinear):
@@ -157,12 +220,10 @@ def _reuse(original, shard):
 
 
 def from_inference_layer(layer, group, original=None, shared_copy=None):
-    """The training layer for an inference plugin ``LinearAllreduce`` (row parallel) or
+    """The training layer for an inference ``LinearAllreduce`` (row parallel) or
     ``LinearLayer`` (column parallel), holding its slices in ``original``'s Parameters (the
     ``nn.Linear`` it replaced) when given and sharing ``shared_copy`` (a
     ``SharedInputCopy``) with the model's other layers; None for any other module."""
-    from deepspeed.inference.layers import LinearAllreduce, LinearLayer
-
     if isinstance(layer, LinearAllreduce):
         cls = RowParallelLinear
     elif isinstance(layer, LinearLayer):

@@ -50,9 +50,9 @@ class TensorParallelPlugin(DeepSpeedPlugin):
         if split is None:
             if wanted == 1:
                 return None
-            from deepspeed.utils import groups
+            from deepspeed.tensor_parallel.groups import init_tensor_parallel_groups
 
-            split_model(engine.module, groups.init_tensor_parallel_groups(wanted),
+            split_model(engine.module, init_tensor_parallel_groups(wanted),
                         section.injection_policy_tuple)
             split = split_of(engine.module)
         elif wanted > 1 and wanted != split.tp_size:
@@ -63,7 +63,7 @@ class TensorParallelPlugin(DeepSpeedPlugin):
             raise ValueError(
                 "deepspeed.initialize was given its own mpu for a model split by AutoTP "
                 "training, which builds its tensor x data parallel groups itself "
-                "(deepspeed.utils.groups.TensorParallelGroups); drop the mpu argument")
+                "(deepspeed.tensor_parallel.TensorParallelGroups); drop the mpu argument")
         return split.groups
 
     @hookimpl(wrapper=True)

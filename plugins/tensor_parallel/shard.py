@@ -1,9 +1,9 @@
 """``deepspeed.tp_model_init``: split a model for tensor-parallel training.
 
-The split itself is the inference plugin's AutoTP (``deepspeed.inference.auto_tp``: which
-Linears of each transformer block write into the residual stream, how to cut weights and head
-counts, the errors for heads that do not divide); this module builds the tensor x data
-parallel groups (``deepspeed.utils.groups.init_tensor_parallel_groups``), runs that split, and
+The split itself is AutoTP (``deepspeed.tensor_parallel.auto_tp``: which Linears of each
+transformer block write into the residual stream, how to cut weights and head counts, the
+errors for heads that do not divide); this module builds the tensor x data parallel groups
+(``deepspeed.tensor_parallel.groups.init_tensor_parallel_groups``), runs that split, and
 swaps the inference layers for the training ones of ``deepspeed.tensor_parallel.layers``
 (autograd through the all-reduces), whose weights are the *original* Parameter objects now
 holding their slices: ``model.parameters()`` taken before the split (and ``requires_grad``)
@@ -21,7 +21,9 @@ from torch import nn
 
 from deepspeed import comm as dist
 from deepspeed.hooks import REPLICATED_PARAM
+from deepspeed.tensor_parallel.auto_tp import AutoTP, policy_from_injection, shard_model
 from deepspeed.tensor_parallel.config import SECTION, TensorParallelTrainingConfig
+from deepspeed.tensor_parallel.groups import init_tensor_parallel_groups
 from deepspeed.tensor_parallel.layers import (TENSOR_MODEL_PARALLEL, SharedInputCopy,
                                               from_inference_layer)
 
@@ -31,7 +33,7 @@ _SPLIT_ATTRIBUTE = "ds_tensor_parallel_split"
 @dataclass(frozen=True)
 class TensorParallelSplit:
     """What ``tp_model_init`` did to a model: its groups (a
-    ``deepspeed.utils.groups.TensorParallelGroups``) and the AutoTP policy it applied."""
+    ``deepspeed.tensor_parallel.groups.TensorParallelGroups``) and the AutoTP policy it applied."""
 
     groups: Any
     policy: Tuple
@@ -88,9 +90,7 @@ def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
         return model
     if not dist.is_initialized():
         dist.init_distributed(verbose=False)
-    from deepspeed.utils import groups
-
-    unit = groups.init_tensor_parallel_groups(tp_size)
+    unit = init_tensor_parallel_groups(tp_size)
     if dtype is not None:
         model.to(dtype)  # floating-point tensors only
     split_model(model, unit, section.injection_policy_tuple if section is not None else None)
@@ -101,8 +101,6 @@ def split_model(model, unit, row_parallel_names=None):
     """Split ``model`` in place over ``unit``'s tensor-parallel group (see the module
     docstring); ``row_parallel_names`` overrides AutoTP's choice of the Linears that write
     into the residual stream, for every block class it finds."""
-    from deepspeed.inference.auto_tp import AutoTP, policy_from_injection, shard_model
-
     if row_parallel_names:
         policy = policy_from_injection({cls: tuple(row_parallel_names)
                                         for cls in AutoTP.block_classes(model)})
@@ -116,7 +114,7 @@ def split_model(model, unit, row_parallel_names=None):
     for name, module in list(model.named_modules()):
         replacement = from_inference_layer(module, group, linears.get(name), shared_copy)
         if replacement is not None:
-            _replace(model, name, replacement)
+            model.set_submodule(name, replacement)
     _check_still_trainable(model, trainable)
     if unit.tp_rank != 0:
         for param in model.parameters():
@@ -139,9 +137,3 @@ def _check_still_trainable(model, trainable):
             f"AutoTP split {len(lost)} trainable parameter(s) into layers tensor-parallel "
             f"training has no counterpart for ({', '.join(owners) or 'removed'}; e.g. "
             f"{lost[:3]}); only Linear layers inside transformer blocks are split for training")
-
-
-def _replace(root, name, new):
-    parent_name, _, leaf = name.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, leaf, new)

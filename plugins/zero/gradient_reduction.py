@@ -22,11 +22,11 @@ from collections import deque
 import torch
 
 from deepspeed import comm as dist
+from deepspeed.gradient_averaging import (communication_dtype, scale_after_reduce,
+                                          scale_before_reduce)
 from deepspeed.utils.transient_buffers import transient_empty
-from deepspeed.utils.z3_leaf_module import z3_leaf_parameter
 from deepspeed.zero.shard_comm import plain_reduce_scatter
-from deepspeed.utils.gradient_averaging import (communication_dtype, scale_after_reduce,
-                                                scale_before_reduce)
+from deepspeed.zero.z3_leaf_module import z3_leaf_parameter
 
 MAX_BUCKETS_IN_FLIGHT = 2  # with overlap_comm: double buffering bounds the extra memory
 

@@ -30,10 +30,14 @@ from typing import NamedTuple, Optional
 import torch
 
 from deepspeed import comm as dist
+from deepspeed import topology
+from deepspeed.hooks import ParallelDim
 from deepspeed.utils.logging import logger
 from deepspeed.zero.partition_parameters import Init, Partitioner, is_zero_param
 
-_CACHE = {}  # (data-parallel ranks, shard size, node size) -> MiCSGroups: groups are collective
+#: the topology dimensions of MiCS, one instance per shard size
+SHARD, REPLICA = "mics.shard", "mics.replica"
+INTER_NODE, INTRA_NODE = "mics.inter_node", "mics.intra_node"
 
 
 class MiCSGroups(NamedTuple):
@@ -81,39 +85,30 @@ def _all_dp_rank_lists(dp_group):
 
 def mics_groups(dp_group, shard_size, hierarchical=False):
     """The process groups of MiCS with ``shard_size`` ranks per shard group over the
-    data-parallel group ``dp_group`` (None: the world). Collective on first use; cached."""
+    data-parallel group ``dp_group`` (None: the world): dimensions of the current topology
+    (``"mics.shard"``, ``"mics.replica"``, and the two hops of the hierarchical gather), keyed by
+    the shard size. Collective; a layout built before reuses its groups."""
     mine, all_dp = _all_dp_rank_lists(dp_group)
     dp_size = len(mine)
     check_shard_size(shard_size, dp_size)
     node = node_size_from_env(dp_size) if hierarchical else 0
-    key = (mine, shard_size, node)
-    if key in _CACHE:
-        return _CACHE[key]
-    me = dist.get_rank()
+    key = str(shard_size)
     if shard_size == dp_size:
         shard_group, replica_group = dp_group, None
     else:
-        shard_group = replica_group = None
-        for ranks in all_dp:
-            for start in range(0, dp_size, shard_size):
-                members = list(ranks[start:start + shard_size])
-                group = dist.new_group(members)
-                if me in members:
-                    shard_group = group
-            for index in range(shard_size):
-                members = list(ranks[index::shard_size])
-                group = dist.new_group(members)
-                if me in members:
-                    replica_group = group
+        shards = [ranks[start:start + shard_size] for ranks in all_dp
+                  for start in range(0, dp_size, shard_size)]
+        replicas = [ranks[index::shard_size] for ranks in all_dp for index in range(shard_size)]
+        shard_dim, replica_dim = topology.current().add(ParallelDim(SHARD, shards, key),
+                                                        ParallelDim(REPLICA, replicas, key))
+        shard_group, replica_group = shard_dim.group, replica_dim.group
     inter = intra = None
     if hierarchical:
-        inter, intra, node = _hierarchical_groups(all_dp, mine, shard_size, node)
-    groups = MiCSGroups(shard_size, dp_size, shard_group, replica_group, inter, intra, node)
-    _CACHE[key] = groups
-    return groups
+        inter, intra, node = _hierarchical_groups(all_dp, mine, shard_size, node, key)
+    return MiCSGroups(shard_size, dp_size, shard_group, replica_group, inter, intra, node)
 
 
-def _hierarchical_groups(all_dp, mine, shard_size, node):
+def _hierarchical_groups(all_dp, mine, shard_size, node, key):
     """Hop groups of the two-hop gather, or (None, None, 0) when a shard group fits in one
     node (then the plain gather already stays inside the node)."""
     if shard_size <= node:
@@ -124,19 +119,15 @@ def _hierarchical_groups(all_dp, mine, shard_size, node):
         raise ValueError(f"zero_optimization.mics_hierarchical_params_gather needs "
                          f"mics_shard_size ({shard_size}) to be a multiple of the ranks per node "
                          f"({node}, from LOCAL_WORLD_SIZE/LOCAL_SIZE)")
-    me, inter, intra = dist.get_rank(), None, None
-    for ranks in all_dp:
-        for start in range(0, len(mine), shard_size):
-            shard = ranks[start:start + shard_size]
-            for local in range(node):  # hop 1: same local rank, one per node
-                members = list(shard[local::node])
-                group = dist.new_group(members)
-                inter = group if me in members else inter
-            for first in range(0, shard_size, node):  # hop 2: one node
-                members = list(shard[first:first + node])
-                group = dist.new_group(members)
-                intra = group if me in members else intra
-    return inter, intra, node
+    shards = [ranks[start:start + shard_size] for ranks in all_dp
+              for start in range(0, len(mine), shard_size)]
+    inter, intra = topology.current().add(
+        # hop 1: the same local rank of every node of a shard group; hop 2: one node
+        ParallelDim(INTER_NODE, [shard[local::node] for shard in shards for local in range(node)],
+                    key),
+        ParallelDim(INTRA_NODE, [shard[first:first + node] for shard in shards
+                                 for first in range(0, shard_size, node)], key))
+    return inter.group, intra.group, node
 
 
 class MiCSPartitioner(Partitioner):

@@ -7,9 +7,9 @@ bucketed reduce-scatter, and the optimizer part of checkpoints with per-rank par
 import weakref
 
 import torch
+from pydantic import StrictBool
 
 from deepspeed.hooks import Sharding, hookimpl
-from deepspeed.optimizers import is_zero_supported_optimizer
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.utils.logging import logger
 from deepspeed.zero.aio_config import AioConfig
@@ -17,6 +17,30 @@ from deepspeed.zero.config import DeepSpeedZeroConfig
 from deepspeed.zero.offload_config import OffloadDeviceEnum
 
 CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
+#: top-level keys of ZeRO's optimizer policy, with their defaults when the config omits them
+ALLOW_UNTESTED, FORCE_DS_CPU = "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"
+POLICY_DEFAULTS = {ALLOW_UNTESTED: False, FORCE_DS_CPU: True}
+
+
+def policy(config, key):
+    """The value of one of ZeRO's top-level optimizer-policy keys, or its default."""
+    value = config.section(key)
+    return POLICY_DEFAULTS[key] if value is None else value
+
+
+def zero_supported_optimizers():
+    """The optimizer classes ZeRO is tested with; anything else needs the config's
+    ``zero_allow_untested_optimizer: true``."""
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+    return (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, FusedAdam, DeepSpeedCPUAdam,
+            DeepSpeedCPUAdagrad, FusedLion, DeepSpeedCPULion)
+
+
+def is_zero_supported_optimizer(optimizer) -> bool:
+    return type(optimizer) in zero_supported_optimizers()
 
 
 def _zero_optimizer(engine):
@@ -46,7 +70,7 @@ def check_optimizer(config, zero_config, optimizer):
     name = type(optimizer).__name__
     _check_offload_optimizer(config, zero_config, name)
     if not is_zero_supported_optimizer(optimizer):
-        if not config.zero_allow_untested_optimizer:
+        if not policy(config, ALLOW_UNTESTED):
             raise ValueError(
                 f"You are using an untested ZeRO Optimizer ({name}). Please add "
                 f"<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.")
@@ -61,7 +85,7 @@ def _check_offload_optimizer(config, zero_config, name):
         if "lamb" in name.lower():
             raise ValueError("zero_optimization.offload_optimizer does not work with LAMB "
                              "(it needs a CPU implementation); use Adam or disable the offload")
-        if name not in CPU_OPTIMIZER_NAMES and config.zero_force_ds_cpu_optimizer:
+        if name not in CPU_OPTIMIZER_NAMES and policy(config, FORCE_DS_CPU):
             raise ValueError(
                 f"zero_optimization.offload_optimizer steps the optimizer on the CPU, and {name} "
                 f"is not a DeepSpeed CPU optimizer (DeepSpeedCPUAdam/Adagrad/Lion), which would "
@@ -144,7 +168,9 @@ def _zenflow_optimizer(zenflow):
 
 
 class ZeroPlugin(DeepSpeedPlugin):
-    config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig}
+    # the two policy keys are plain booleans at the top level of the config, as upstream has them
+    config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig,
+                       ALLOW_UNTESTED: StrictBool, FORCE_DS_CPU: StrictBool}
     enabled_by = "zero_optimization.stage > 0"
 
     def is_enabled(self, config, sections):

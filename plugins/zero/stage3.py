@@ -25,11 +25,11 @@ from collections.abc import Mapping
 import torch
 
 from deepspeed.utils.nested import map_tensors
-from deepspeed.utils.z3_leaf_module import leaf_mark_edits, z3_leaf_module
 from deepspeed.zero.partition_parameters import (ZeroParamStatus, by_partitioner, gather_params,
                                                  is_zero_param, release_params)
 from deepspeed.zero.saved_views import SavedWeightViews
 from deepspeed.zero.torch_patches import ATTRIBUTE_WATCH
+from deepspeed.zero.z3_leaf_module import leaf_mark_edits, z3_leaf_module
 
 EXTERNAL_PARAMS = "_ds_external_params"
 

@@ -6,11 +6,6 @@ import pytest
 
 from deepspeed.hooks import Engine, protocol_members
 
-# declared before the object exists: the topology branch (issue 34) adds engine.topology, and
-# the check below fails once it exists so that this entry is removed with the merge
-PENDING = {"topology": "the topology object of issue 34 (branch topology)"}
-
-
 def _members_seen_by_hooks(pipeline):
     """The Engine members missing on the engine, asked in deepspeed_engine_init and once built."""
     import torch
@@ -58,8 +53,7 @@ def _members_seen_by_hooks(pipeline):
 def test_the_engine_has_every_declared_member_from_engine_init_on(dist_pool, pipeline):
     for kind, at_init, built in dist_pool.run(_members_seen_by_hooks, args=(pipeline,)):
         assert kind == ("PipelineEngine" if pipeline else "DeepSpeedEngine")
-        assert set(at_init) <= set(PENDING) and set(built) <= set(PENDING), (at_init, built)
-        assert set(built) == set(PENDING), "a pending member exists now: remove it from PENDING"
+        assert at_init == [] and built == [], (at_init, built)
 
 
 def _adds(**attributes):

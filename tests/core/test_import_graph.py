@@ -65,15 +65,20 @@ def _find_spec(name, found):
     return found[name]
 
 
-def installed_packages():
-    """{package import name: folder} of every Python package setup.py installs, as installed."""
+def package_map():
+    """{package import name: source folder relative to the repository} from setup.py."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DS_BUILD_")}
     with mock.patch.object(setuptools, "setup", lambda **kwargs: None), \
             mock.patch.dict(os.environ, env, clear=True), \
             mock.patch.dict(sys.modules):  # forget the helpers setup.py imports (op_builder/aot)
         namespace = runpy.run_path(str(ROOT / "setup.py"), run_name="setup_for_import_graph")
+    return namespace["package_map"]()
+
+
+def installed_packages():
+    """{package import name: folder} of every Python package setup.py installs, as installed."""
     folders, specs = {}, {}
-    for name in namespace["package_map"]():
+    for name in package_map():
         spec = _find_spec(name, specs)
         assert spec is not None and spec.submodule_search_locations, f"{name} is not installed"
         folders[name] = Path(list(spec.submodule_search_locations)[0])

@@ -9,6 +9,10 @@ from torchrun, ``LOCAL_SIZE`` from the ``deepspeed`` launcher), else one node.
 import os
 
 from deepspeed import comm as dist
+from deepspeed import topology
+from deepspeed.hooks import ParallelDim
+
+INTRA_NODE, INTER_NODE = "zeropp.intra_node", "zeropp.inter_node"
 
 
 def ranks_per_node(hpz_size, world):
@@ -23,8 +27,9 @@ def ranks_per_node(hpz_size, world):
 
 class NodeGroups:
     """``intra``: this rank's node group; ``inter``: the group of this rank's local index over
-    all nodes (None where it would hold one rank). Every rank builds every group, in one order
-    (``new_group`` is collective)."""
+    all nodes (None where it would hold one rank): the topology dimensions
+    ``"zeropp.intra_node"`` / ``"zeropp.inter_node"``, keyed by the config key that sized them.
+    Every rank builds every group, in one order (``new_group`` is collective)."""
 
     def __init__(self, dp_group, node_size, what="zero_hpz_partition_size"):
         ranks = list(dist.get_all_ranks_from_group(dp_group))
@@ -38,15 +43,15 @@ class NodeGroups:
         self.node, self.local = divmod(me, node_size)
         self.intra_ranks = [ranks[n * node_size:(n + 1) * node_size] for n in range(self.nodes)]
         self.inter_ranks = [ranks[i::node_size] for i in range(node_size)]
-        self.intra = self._mine(self.intra_ranks, self.node, node_size)
-        self.inter = self._mine(self.inter_ranks, self.local, self.nodes)
+        self.intra = self._mine(INTRA_NODE, self.intra_ranks, node_size, what)
+        self.inter = self._mine(INTER_NODE, self.inter_ranks, self.nodes, what)
 
     @staticmethod
-    def _mine(rank_lists, index, size):
+    def _mine(name, rank_lists, size, key):
         if size == 1:
             return None
-        groups = [dist.new_group(r) for r in rank_lists]
-        return groups[index]
+        dim, = topology.current().add(ParallelDim(name, rank_lists, key))
+        return dim.group
 
     def node_of(self, global_rank):
         for node, members in enumerate(self.intra_ranks):

@@ -82,17 +82,11 @@ def test_world_size_from_env(monkeypatch):
     assert config.world_size == 3 and config.train_batch_size == 6
 
 
-def test_world_size_from_initialised_comm(monkeypatch):
-    import sys
-    import types
+def test_world_size_from_initialised_process_group(monkeypatch):
+    import torch.distributed as dist
 
-    import deepspeed
-
-    fake = types.ModuleType("deepspeed.comm")
-    fake.is_initialized = lambda: True
-    fake.get_world_size = lambda: 5
-    monkeypatch.setitem(sys.modules, "deepspeed.comm", fake)
-    monkeypatch.setattr(deepspeed, "comm", fake, raising=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 5)
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert DeepSpeedConfig({"train_micro_batch_size_per_gpu": 2}).train_batch_size == 10
 

@@ -31,7 +31,6 @@ def test_documented_defaults():
     assert not config.sparse_gradients_enabled and config.communication_data_type is None
     assert not config.bfloat16_enabled and not config.amp_enabled
     assert config.optimizer_name is None and config.scheduler_name is None
-    assert not config.zero_allow_untested_optimizer and config.zero_force_ds_cpu_optimizer
     assert config.checkpoint_tag_validation_enabled and not config.checkpoint_tag_validation_fail
     assert not config.load_universal_checkpoint and not config.use_node_local_storage
     assert not config.checkpoint_parallel_write_pipeline

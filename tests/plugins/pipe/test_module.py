@@ -10,7 +10,7 @@ from torch import nn
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.pipe.layers import count_layer_params, partition_layers
 from deepspeed.pipe.topology import PipeDataParallelTopology
-from deepspeed.utils.partitioning import partition_balanced
+from deepspeed.pipe.partitioning import partition_balanced
 
 
 class CountingLinear(nn.Linear):

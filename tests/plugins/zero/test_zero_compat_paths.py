@@ -52,7 +52,9 @@ def test_zero_plugin_is_installed_through_its_entry_point():
 
     assert installed_plugins()["zero"].value == "deepspeed.zero.plugin:ZeroPlugin"
     catalog = PluginCatalog()
-    assert catalog.sections_of("zero") == ["zero_optimization", "aio"]
+    assert catalog.sections_of("zero") == ["zero_optimization", "aio",
+                                           "zero_allow_untested_optimizer",
+                                           "zero_force_ds_cpu_optimizer"]
 
 
 @pytest.mark.parametrize("raw,enabled", [

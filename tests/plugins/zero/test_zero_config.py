@@ -302,3 +302,28 @@ def test_aio_ints_must_be_positive(key):
 def test_aio_thread_count_with_its_replacement_is_an_error():
     with pytest.raises(ValidationError, match="'thread_count'.*'intra_op_parallelism'"):
         AioConfig.model_validate({"thread_count": 1, "intra_op_parallelism": 2})
+
+
+def test_optimizer_policy_keys_belong_to_the_zero_plugin():
+    """``zero_allow_untested_optimizer`` / ``zero_force_ds_cpu_optimizer`` are ZeRO's top-level
+    sections (the core validates none of them): defaults False / True when omitted, strict
+    booleans when given; the tested-optimizer list is ZeRO's too."""
+    import torch
+
+    from deepspeed.config import DeepSpeedConfig
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.zero.plugin import (ALLOW_UNTESTED, FORCE_DS_CPU, ZeroPlugin,
+                                       is_zero_supported_optimizer, policy)
+
+    sections = ZeroPlugin.config_sections
+    omitted = DeepSpeedConfig({"train_batch_size": 1}, sections=sections, world_size=1)
+    assert (policy(omitted, ALLOW_UNTESTED), policy(omitted, FORCE_DS_CPU)) == (False, True)
+    given = DeepSpeedConfig({"train_batch_size": 1, ALLOW_UNTESTED: True, FORCE_DS_CPU: False},
+                            sections=sections, world_size=1)
+    assert (policy(given, ALLOW_UNTESTED), policy(given, FORCE_DS_CPU)) == (True, False)
+    with pytest.raises(DeepSpeedConfigError, match=ALLOW_UNTESTED):
+        DeepSpeedConfig({"train_batch_size": 1, ALLOW_UNTESTED: "yes"}, sections=sections,
+                        world_size=1)
+    assert is_zero_supported_optimizer(DeepSpeedCPUAdam(torch.nn.Linear(2, 1).parameters()))
+    assert not is_zero_supported_optimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(),
+                                                           lr=0.1))

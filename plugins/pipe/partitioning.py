@@ -1,10 +1,10 @@
 """Split a sequence of items into contiguous parts: the arithmetic behind pipeline stage
-boundaries (and tiled layers), kept free of any model or plugin knowledge so it can be tested on
-plain numbers.
+boundaries, kept free of any model knowledge so it can be tested on plain numbers.
 
 Both functions answer with *boundaries*: a list ``parts`` of length ``num_parts + 1`` where part
 ``p`` holds items ``parts[p]:parts[p + 1]``; ``parts[0] == 0`` and ``parts[-1] == num_items``.
-Upstream exposes them as ``deepspeed.runtime.utils.partition_uniform`` / ``partition_balanced``.
+Upstream exposes them as ``deepspeed.runtime.utils.partition_uniform`` / ``partition_balanced``
+(this plugin exports them there: the entry-point group ``deepspeed.exports.runtime.utils``).
 """
 import numbers
 from typing import List, Sequence

@@ -1,5 +1,6 @@
 """ZeRO-3 leaf modules: modules whose whole subtree is gathered at once
-(`deepspeed.utils.set_z3_leaf_modules`).
+(`deepspeed.utils.set_z3_leaf_modules`: exported into `deepspeed.utils` through the
+entry-point group `deepspeed.exports.utils`, and at `deepspeed.utils.z3_leaf_module`).
 
 ZeRO-3 gathers each module's parameters just before that module runs. A mixture-of-experts
 layer runs only the experts its router picks, and the picks differ between ranks; per-expert
@@ -88,3 +89,7 @@ def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes):
 def unset_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes):
     """Undo ``set_z3_leaf_modules`` for those classes; returns the modules unmarked."""
     return _set_leaf_flag(model, leaf_module_classes, False)
+
+
+__all__ = ["get_z3_leaf_modules", "set_z3_leaf_modules", "unset_z3_leaf_modules",
+           "z3_leaf_module", "z3_leaf_parameter"]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-import deepspeed.utils.partitioning as partitioning
+import deepspeed.pipe.partitioning as partitioning
 from deepspeed.runtime.utils import partition_balanced, partition_uniform
 
 

@@ -1,0 +1,45 @@
+"""A plugin that adds a parallel dimension of its own, written from ``deepspeed.hooks`` alone
+(plus pydantic for its config section and torch.distributed for its collective): the proof that
+a new kind of parallelism needs no core change. ``test_parallel_dim_plugin`` registers it.
+
+The ``"neighbours"`` dimension groups ranks in blocks of ``block`` consecutive ranks (a plain
+``ParallelDim``); the ``"ring"`` mesh lays the world out as ``(world / block, block)`` with the
+axes ``("across", "ring")`` (a ``ParallelMesh``, i.e. a ``DeviceMesh``). After every step the
+plugin sums a one over its neighbours' group, through the group the engine's topology hands back,
+and remembers the sums."""
+import pydantic
+import torch
+import torch.distributed as tdist
+
+from deepspeed.hooks import ParallelDim, ParallelMesh, hookimpl
+
+SECTION = "parallel_dim_example"
+
+
+class ParallelDimSection(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    enabled: bool = True
+    block: int = pydantic.Field(2, ge=1)
+
+
+class ParallelDimPlugin:
+    def __init__(self):
+        self.sums = []
+
+    @hookimpl
+    def deepspeed_config_sections(self):
+        return {SECTION: ParallelDimSection}
+
+    @hookimpl
+    def deepspeed_parallel_dims(self, engine, config):
+        block = config.section(SECTION).block
+        world = tdist.get_world_size()
+        return [ParallelDim("neighbours", tuple(tuple(range(first, first + block))
+                                                for first in range(0, world, block))),
+                ParallelMesh("ring", ("across", "ring"), (world // block, block))]
+
+    @hookimpl
+    def deepspeed_after_step(self, engine):
+        ones = torch.ones(1)
+        tdist.all_reduce(ones, group=engine.topology.group("neighbours"))
+        self.sums.append(int(ones.item()))
