@@ -1,6 +1,6 @@
 """The hook contract between the core engine and feature plugins: every hook, in one file.
 
-(Over 600 lines on purpose: ARCHITECTURE.md makes this the single file a plugin author reads;
+(Over 600 lines on purpose: docs/architecture.md makes this the single file a plugin author reads;
 splitting it would split the contract.)
 
 Read this file to know everything a plugin can do. Conventions, as in pytest's hookspec.py:
@@ -546,7 +546,8 @@ class ParallelMesh:
 
 
 @hookspec
-def deepspeed_parallel_dims(engine, config):
+def deepspeed_parallel_dims(engine: Engine,
+                            config: DeepSpeedConfig) -> Optional[Iterable[Union[ParallelDim, ParallelMesh]]]:
     """Return the parallel dimensions this plugin adds to ``engine.topology``: an iterable of
     ``ParallelDim`` / ``ParallelMesh`` (or None). Called by enabled plugins in the engine's
     constructor, after the model-parallel unit is settled (``deepspeed_model_parallel_unit``)
@@ -559,7 +560,7 @@ def deepspeed_parallel_dims(engine, config):
 
 
 @hookspec
-def deepspeed_launcher_arguments(parser):
+def deepspeed_launcher_arguments(parser: argparse.ArgumentParser) -> Optional[Iterable[str]]:
     """Add the ``deepspeed`` command's flags your plugin owns to ``parser`` (an
     ``argparse.ArgumentParser``; ``--autotuning``, ``--elastic_training``). Asked of every
     *installed* plugin by the runner before it parses the command line (the launcher names no

@@ -92,3 +92,29 @@ def test_plugins_add_members_for_users_through_the_hook():
 def test_an_added_member_never_replaces_another(plugins, message):
     with pytest.raises(AttributeError, match=message):
         _attach(_engine_with(**plugins))
+
+
+def test_every_hookspec_and_engine_member_is_typed():
+    """A plugin author learns argument and answer types from ``core/hooks.py`` alone: every
+    hookspec annotates each argument and its return, and every ``Engine`` member has a type."""
+    import inspect
+
+    import deepspeed.hooks as hooks
+
+    untyped = []
+    for name in dir(hooks):
+        spec = getattr(hooks, name)
+        if not (name.startswith("deepspeed_") and callable(spec)
+                and hasattr(spec, hooks.PROJECT_NAME + "_spec")):
+            continue
+        signature = inspect.signature(spec)
+        untyped += [f"{name}({p.name})" for p in signature.parameters.values()
+                    if p.annotation is inspect.Parameter.empty]
+        if signature.return_annotation is inspect.Signature.empty:
+            untyped.append(f"{name} -> ?")
+    annotations = {}
+    for klass in reversed(Engine.__mro__):
+        annotations.update(getattr(klass, "__annotations__", {}))
+    untyped += [f"Engine.{m}" for m in protocol_members(Engine)
+                if m not in annotations and not callable(getattr(Engine, m, None))]
+    assert untyped == []

@@ -6,7 +6,8 @@ The ``"neighbours"`` dimension groups ranks in blocks of ``block`` consecutive r
 ``ParallelDim``); the ``"ring"`` mesh lays the world out as ``(world / block, block)`` with the
 axes ``("across", "ring")`` (a ``ParallelMesh``, i.e. a ``DeviceMesh``). After every step the
 plugin sums a one over its neighbours' group, through the group the engine's topology hands back,
-and remembers the sums."""
+and remembers the sums; the sums are its checkpointed state (``deepspeed_stateful``), so a
+resumed run continues the list."""
 import pydantic
 import torch
 import torch.distributed as tdist
@@ -22,9 +23,26 @@ class ParallelDimSection(pydantic.BaseModel):
     block: int = pydantic.Field(2, ge=1)
 
 
-class ParallelDimPlugin:
+class NeighbourSums:
+    """The plugin's ``Stateful``: what a checkpoint carries for it."""
+
     def __init__(self):
         self.sums = []
+
+    def state_dict(self):
+        return {"sums": list(self.sums)}
+
+    def load_state_dict(self, state_dict):
+        self.sums = list(state_dict["sums"])
+
+
+class ParallelDimPlugin:
+    def __init__(self):
+        self.state = NeighbourSums()
+
+    @property
+    def sums(self):
+        return self.state.sums
 
     @hookimpl
     def deepspeed_config_sections(self):
@@ -42,4 +60,8 @@ class ParallelDimPlugin:
     def deepspeed_after_step(self, engine):
         ones = torch.ones(1)
         tdist.all_reduce(ones, group=engine.topology.group("neighbours"))
-        self.sums.append(int(ones.item()))
+        self.state.sums.append(int(ones.item()))
+
+    @hookimpl
+    def deepspeed_stateful(self, engine):
+        return {"neighbour_sums": self.state}
