@@ -1,5 +1,5 @@
 """``deepspeed.data_efficiency``: curriculum learning (legacy seqlen and data sampling), offline
-data analysis, random layer-token drop and progressive layer drop. See README_SECTION.md.txt."""
+data analysis, random layer-token drop and progressive layer drop. See README.md."""
 
 from deepspeed.utils.lazy_exports import lazy_exports
 
