@@ -113,11 +113,26 @@ def _reset_between_tasks(saved_env):
 
     observers.reset()
     capabilities.reset()
+    _reset_topology()
     try:
         from deepspeed.accelerator import reset_accelerator
     except ImportError:  # the accelerator package predates reset_accelerator: nothing cached
         return
     reset_accelerator()
+
+
+def _reset_topology():
+    """No engine stays current and no model-parallel unit stays registered for the next test:
+    a test that failed before ``engine.destroy()``, or that called ``groups.set_mpu``, would
+    otherwise leave the next one answering "data" from its unit (an MoE layer then saw a
+    data-parallel size of 1 on 2 ranks). The process topology's groups are kept: they are
+    shared per layout, and rebuilding them is a collective per test."""
+    from deepspeed import comm as dist
+    from deepspeed import topology
+
+    topology.activate(None)
+    if dist.is_initialized():
+        topology.set_unit(None)
 
 
 def _healthy(init, world_size):
