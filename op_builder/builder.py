@@ -50,23 +50,25 @@ class OpBuildError(RuntimeError):
 
 
 def _cpu_flag_set():
-    """The CPU feature flags, from py-cpuinfo when it works, else /proc/cpuinfo."""
-    try:
-        import cpuinfo
-
-        flags = cpuinfo.get_cpu_info().get("flags", [])
-        if flags:
-            return set(flags)
-    except Exception as exc:  # py-cpuinfo shells out and can fail in sandboxes
-        from deepspeed.utils.logging import logger
-
-        logger.debug("py-cpuinfo failed (%r); reading /proc/cpuinfo", exc)
+    """The CPU feature flags: /proc/cpuinfo where the kernel offers it (read in microseconds),
+    else py-cpuinfo, which starts a Python subprocess per call (a second of wall time and
+    ~0.4 CPU s in every process that loads an op: each rank of every job)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        text = ""
     match = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, re.MULTILINE)
-    return set(match.group(1).split()) if match else set()
+    if match and match.group(1).split():
+        return set(match.group(1).split())
+    try:
+        import cpuinfo
+
+        return set(cpuinfo.get_cpu_info().get("flags", []))
+    except Exception as exc:  # py-cpuinfo shells out and can fail in sandboxes
+        from deepspeed.utils.logging import logger
+
+        logger.debug("py-cpuinfo failed (%r): no CPU flags known", exc)
+        return set()
 
 
 @functools.lru_cache(maxsize=None)

@@ -185,3 +185,15 @@ def test_cpu_simd_flags_match_the_cpu():
     default_args = OpBuilder.cxx_args(TinyOpBuilder())
     assert default_args[:4] == ["-O3", "-std=c++17", "-fopenmp", "-g0"]
     assert default_args[4:] == flags
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="needs Linux's /proc/cpuinfo")
+def test_cpu_flags_come_from_proc_without_starting_py_cpuinfo(monkeypatch):
+    """py-cpuinfo starts a Python subprocess per call, in every rank that loads an op."""
+    import cpuinfo
+
+    def refuse():
+        raise AssertionError("py-cpuinfo was asked although /proc/cpuinfo has the flags")
+
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", refuse)
+    assert builder_module._cpu_flag_set()
