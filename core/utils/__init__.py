@@ -20,8 +20,10 @@ _LAZY = {  # a plain literal: the docs build reads it statically (tools/docs/gri
     "safe_get_local_grad": "deepspeed.utils.tensor_fragment",
     "safe_get_local_optimizer_state": "deepspeed.utils.tensor_fragment",
     "safe_set_full_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_set_full_grad": "deepspeed.utils.tensor_fragment",
     "safe_set_full_optimizer_state": "deepspeed.utils.tensor_fragment",
     "safe_set_local_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_set_local_grad": "deepspeed.utils.tensor_fragment",
     "safe_set_local_optimizer_state": "deepspeed.utils.tensor_fragment",
 }
 
@@ -29,7 +31,8 @@ __all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", 
            "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
            "safe_set_full_optimizer_state", "safe_get_local_fp32_param", "safe_get_local_grad",
            "safe_get_local_optimizer_state", "safe_set_local_fp32_param",
-           "safe_set_local_optimizer_state", "groups", "is_initialized"]
+           "safe_set_local_optimizer_state", "safe_set_full_grad", "safe_set_local_grad",
+           "groups", "is_initialized"]
 
 
 def is_initialized() -> bool:
