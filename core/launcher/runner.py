@@ -16,7 +16,7 @@ import sys
 from collections import OrderedDict
 
 from deepspeed.launcher import constants as C
-from deepspeed.launcher.cores import parse_core_list
+from deepspeed.utils.numa import parse_core_list
 from deepspeed.launcher.environment import exports_for_remote, load_deepspeed_env
 from deepspeed.launcher.flag_prefixes import FlagRecordingParser, expand_flag_prefixes
 from deepspeed.launcher.hostfile import encode_world_info, fetch_hostfile, parse_inclusion_exclusion
