@@ -40,7 +40,7 @@ ALLOWED_SECTION_NAMES = {
     "config/config.py": (
         {"tensorboard", "wandb", "csv_monitor", "comet"},
         "DeepSpeedConfig.monitor_config is upstream's documented attribute (Monitor tutorial: "
-        "MonitorMaster(ds_config.monitor_config)); it returns those sections as written"),
+        "MonitorMaster(ds_config.monitor_config)); it returns those sections' models as attributes"),
     "launcher/plugin_commands.py": (
         {"autotuning"}, "the table of documented launcher flags names the feature each runs, so "
                         "a flag whose plugin is missing gets a clear message"),
