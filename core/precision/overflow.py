@@ -70,9 +70,11 @@ class CheckOverflow:
         return has_inf_or_nan([p.grad for p in params])
 
     def has_overflow(self, params, has_moe_params=None):
-        """This rank's verdict ORed over the group (see the class docstring)."""
+        """This rank's verdict ORed over the group (see the class docstring); over every rank
+        when ``has_moe_params`` says ``params`` include ones that differ between ranks outside
+        that group (upstream's flag for expert weights)."""
         local = self.has_overflow_serial(params)
-        group = self._group()
+        group = None if has_moe_params else self._group()
         return local if group is False else overflow_anywhere(local, group)
 
     @staticmethod

@@ -88,6 +88,9 @@ ALLOWED_CONCEPTS = {
          "get_tensor_model_parallel_group"},
         "deepspeed.checkpointing.configure(mpu_) takes a Megatron mpu, whose interface spells "
         "the group activations are partitioned over get_tensor_model_parallel_*"),
+    "precision/overflow.py": ({"has_moe_params"},
+                              "upstream's CheckOverflow.has_overflow(params, has_moe_params) "
+                              "signature; the flag only widens the check to every rank"),
     "testing/distributed.py": ({"Pipe"}, "multiprocessing's Pipe: how the test pool talks to its "
                                          "ranks"),
 }

@@ -71,7 +71,9 @@ def _precision_engines():
     if rank == 1:
         layer.weight.grad[0, 0] = float("inf")
     out = {"any_rank": CheckOverflow([list(layer.parameters())], zero_reduce_scatter=True).check(),
-           "this_rank": CheckOverflow([list(layer.parameters())]).check()}
+           "this_rank": CheckOverflow([list(layer.parameters())]).check(),
+           "every_rank": CheckOverflow().has_overflow(list(layer.parameters()),
+                                                      has_moe_params=True)}
 
     engines = {}
     for name, precision in (("fp16", {"fp16": {"enabled": True, "initial_scale_power": 8,
@@ -97,6 +99,7 @@ def _precision_engines():
 def test_fp16_and_bf16_engines_expose_upstreams_optimizer_classes(dist_pool):
     for rank, out in enumerate(dist_pool.run(_precision_engines)):
         assert out["any_rank"] is True and out["this_rank"] is (rank == 1)
+        assert out["every_rank"] is True
         assert out["fp16_type"] == (True, False) and out["bf16_type"] == (False, True)
         # rank 1 overflowed: both ranks skip the step and halve the scale (hysteresis 1)
         assert out["fp16_skipped"] == (True, 1, 2.0 ** 7)
