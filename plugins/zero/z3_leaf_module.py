@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from deepspeed.utils.arg_checks import check_names
+
 if TYPE_CHECKING:
     import torch
 
@@ -101,12 +103,7 @@ def set_z3_leaf_modules_by_name(model: torch.nn.Module, module_names, flag=True,
     names in ``model.named_modules()``, e.g. ``"layers.0.mlp"``) as ZeRO-3 leaves; returns them
     in the order named. A name ``model`` does not have raises ``ValueError`` naming it (with
     ``raise_if_not_found=False`` it is skipped), for the reason ``set_z3_leaf_modules`` raises."""
-    if isinstance(module_names, str):
-        module_names = [module_names]
-    module_names = list(module_names)
-    if not module_names or not all(isinstance(name, str) for name in module_names):
-        raise ValueError(f"module_names must be a non-empty list of module names, got "
-                         f"{module_names!r}")
+    module_names = check_names("module_names", module_names)
     modules = dict(model.named_modules())
     missing = [name for name in module_names if name not in modules]
     if missing and raise_if_not_found:
