@@ -10,6 +10,7 @@ import sys
 import types
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -172,6 +173,23 @@ def native_extensions():
     return extensions, {"build_ext": BuildExtension}
 
 
+class BuildPyRecordingGit(build_py):
+    """Also writes ``deepspeed/git_version_info_installed.py`` into a built package: the commit
+    and branch it was built from (``deepspeed.git_version_info``), which an installed wheel has
+    no checkout to ask. An editable install reads its checkout instead, so writes nothing."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        spec = importlib.util.spec_from_file_location(
+            "_build_info", os.path.join(ROOT, "core", "utils", "build_info.py"))
+        build_info = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(build_info)  # standard library only: no deepspeed, no torch
+        target = os.path.join(self.build_lib, "deepspeed", build_info.INSTALLED_MODULE + ".py")
+        build_info.write_installed_module(target, ROOT)
+
+
 PACKAGE_DIR = package_map()
 if os.path.isdir(os.path.join(ROOT, "csrc")):
     PACKAGE_DIR[CSRC_PACKAGE] = "csrc"
@@ -182,5 +200,5 @@ setup(
     package_dir=PACKAGE_DIR,
     package_data={CSRC_PACKAGE: CSRC_PATTERNS},
     ext_modules=EXT_MODULES,
-    cmdclass=CMDCLASS,
+    cmdclass={"build_py": BuildPyRecordingGit, **CMDCLASS},
 )

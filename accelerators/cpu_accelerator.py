@@ -1,8 +1,9 @@
 """The CPU accelerator: the default wherever torch sees no GPU.
 
 CPU work is synchronous, so streams, events and synchronize are host-side no-ops that keep the
-engine's code path identical to the GPU one. A "device" is a NUMA node, which is what the launcher
-binds one worker to. Memory counters read the process RSS, the closest CPU analogue of
+engine's code path identical to the GPU one. Inside a launched job a "device" is one local rank
+(the launcher's ``LOCAL_SIZE`` of them), so code that checks ``world_size <= device_count()``
+works on CPU; outside one it is a NUMA node, which is what the launcher binds one worker to. Memory counters read the process RSS, the closest CPU analogue of
 `torch.cuda.memory_allocated`.
 """
 from __future__ import annotations
@@ -135,6 +136,17 @@ class CPU_Accelerator(DeepSpeedAccelerator):
         return "cpu"
 
     def device_count(self):
+        """``LOCAL_SIZE`` inside a job the launcher started (one logical device per local rank,
+        as ``current_device()`` is the local rank); else the NUMA nodes that own CPUs."""
+        local_size = os.environ.get("LOCAL_SIZE", "")
+        if local_size:
+            try:
+                count = int(local_size)
+            except ValueError:
+                raise ValueError(f"LOCAL_SIZE must be a positive integer, got {local_size!r}") from None
+            if count < 1:
+                raise ValueError(f"LOCAL_SIZE must be a positive integer, got {local_size!r}")
+            return count
         if self._numa_nodes is None:
             self._numa_nodes = _numa_node_count()
         return self._numa_nodes

@@ -20,6 +20,7 @@ _LAZY = {
     "DeepSpeedConfig": "deepspeed.config",
     "DeepSpeedPlugin": "deepspeed.plugin_manager",
     "get_accelerator": "deepspeed.accelerator",
+    "OnDevice": "deepspeed.utils.init_on_device",
     "DeepSpeedTransformerConfig": "deepspeed.ops.transformer",
     "DeepSpeedTransformerLayer": "deepspeed.ops.transformer",
 }

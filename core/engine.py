@@ -61,6 +61,7 @@ class DeepSpeedEngine(torch.nn.Module):
 
         self.device = torch.device(get_accelerator().current_device_name())
         self.local_rank = dist.get_local_rank()
+        self.global_rank = dist.get_rank()
         # a plugin that splits the model itself (AutoTP training) brings its own groups; the
         # global gradient norm then also sums over its model-parallel group
         unit = self.hook.deepspeed_model_parallel_unit(engine=self, config=config, mpu=mpu)
@@ -127,13 +128,31 @@ class DeepSpeedEngine(torch.nn.Module):
         for plugin, attributes in call_each_plugin(self.hook.deepspeed_engine_attributes,
                                                    engine=self):
             for name, value in (attributes or {}).items():
-                if name in owners or hasattr(self, name):
+                if name in owners or _owns_attribute(self, name):
                     raise AttributeError(
                         f"plugin '{plugin}' adds engine attribute '{name}', which "
                         f"{'plugin ' + repr(owners[name]) if name in owners else 'the engine'}"
                         f" already has")
                 owners[name] = plugin
                 object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        """An attribute the engine lacks is the wrapped module's (``engine.generate(...)``, a
+        model's own methods and attributes), as upstream forwards it. ``nn.Module`` answers the
+        engine's own parameters, buffers and submodules (``self.module``) first, and anything
+        the engine defines is found before this is ever called, so nothing is shadowed."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is not None and not (name.startswith("__") and name.endswith("__")):
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}', nor "
+                             f"does the module it wraps ({type(module).__name__})")
 
     def destroy(self):
         """Finish a background checkpoint write and detach this engine from process-wide
@@ -320,6 +339,12 @@ class DeepSpeedEngine(torch.nn.Module):
         (``lr_kwarg`` is the spelling in the API reference, ``lr_kwargs`` upstream's.)"""
         assert self.optimizer is not None, \
             "must provide optimizer during init in order to use step"
+        if self._inside_no_sync:  # local: every rank raises, before any collective
+            raise RuntimeError("engine.step() is illegal inside no_sync(): the gradients of its "
+                               "backward passes were not reduced over the data-parallel ranks, "
+                               "so the replicas would diverge; run the last micro-batch's "
+                               "backward() and then step() after leaving no_sync() (that "
+                               "backward reduces the accumulated gradients)")
         lr_kwargs = lr_kwargs if lr_kwargs is not None else lr_kwarg
         see_memory_usage("Engine before step", force=self.config.memory_breakdown)
         self.timers("step").start()
@@ -385,7 +410,8 @@ class DeepSpeedEngine(torch.nn.Module):
     # ------------------------------------------------------------------ queries and switches
     @contextmanager
     def no_sync(self):
-        """Skip the gradient reduction inside this context (gradients keep accumulating)."""
+        """Skip the gradient reduction inside this context (gradients keep accumulating); the
+        first ``backward`` after it reduces them. ``step()`` inside it raises."""
         assert not self.sharding.partitions_gradients, \
             "no_sync is not compatible with ZeRO stage 2 or 3 (gradients are partitioned)"
         assert not self._inside_no_sync, "no_sync contexts cannot be nested"
@@ -508,6 +534,14 @@ class _EngineCommObserver:
     def log_summary(self, show_straggler=False, return_dict=False):
         return self.hook.deepspeed_comm_summary(engine=self.engine, show_straggler=show_straggler,
                                                 return_dict=return_dict)
+
+
+def _owns_attribute(engine, name):
+    """Whether ``engine`` itself has ``name``, not counting what ``DeepSpeedEngine.__getattr__``
+    forwards to the wrapped module (a model attribute is no clash for a plugin's member)."""
+    return (name in vars(engine) or hasattr(type(engine), name)
+            or any(name in vars(engine).get(table, ())
+                   for table in ("_parameters", "_buffers", "_modules")))
 
 
 def _cast_floats(value, dtype):

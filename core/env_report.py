@@ -8,7 +8,6 @@ import argparse
 import os
 import platform
 import shutil
-import subprocess
 import sys
 
 GREEN_OKAY = "[OKAY]"
@@ -128,21 +127,6 @@ def _cpu_description():
     return info.get("brand_raw", "unknown"), ",".join(simd) or "none"
 
 
-def _git_info():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.exists(os.path.join(root, ".git")):  # a file in a git worktree
-        return "unknown", "unknown"
-
-    def ask(*args):
-        return subprocess.run(["git", "-C", root, "rev-parse", *args], capture_output=True,
-                              text=True, timeout=5, check=True).stdout.strip()
-
-    try:
-        return ask("--short", "HEAD"), ask("--abbrev-ref", "HEAD")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", "unknown"
-
-
 def environment_report(warnings):
     import torch
 
@@ -150,7 +134,9 @@ def environment_report(warnings):
     from deepspeed.accelerator import get_accelerator, installed_accelerators
 
     acc = get_accelerator()
-    githash, branch = _git_info()
+    from deepspeed.git_version_info import git_info
+
+    githash, branch = git_info()
     cpu, simd = _cpu_description()
     lines = ["DeepSpeed general environment info:",
              _dots("torch install path", os.path.dirname(torch.__file__)),

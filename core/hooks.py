@@ -820,6 +820,12 @@ class ParamStateAccess(Protocol):
 
     def set_local_hp_param(self, value, param, optim_state_key: Optional[str] = None) -> None: ...
 
+    def set_full_hp_grad(self, value, param) -> None:
+        """Replace the gradient the next step uses (where ``get_full_hp_grad`` reads it)."""
+
+    def set_local_hp_grad(self, value, param) -> None:
+        """Replace this rank's fragment of that gradient."""
+
 
 def protocol_members(protocol) -> List[str]:
     """The public members ``protocol`` declares: its methods and its annotated attributes."""

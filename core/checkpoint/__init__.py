@@ -18,6 +18,9 @@ The on-disk layout is described in ``deepspeed.checkpoint.layout``; the guarante
   a checkpoint never runs code;
 - plugins add their own state through the checkpoint hooks in ``deepspeed.hooks``, using
   ``atomic_torch_save`` for their own files;
+- ``DeepSpeedCheckpoint`` (upstream's folder reader) is the ZeRO plugin's, exported here through
+  the entry-point group ``deepspeed.exports.checkpoint``; file and key names are in
+  ``deepspeed.checkpoint.constants``;
 - how files are written is the checkpoint engine's choice (``checkpoint.checkpoint_engine``:
   torch, safetensors or async, see ``deepspeed.checkpoint.engines``); inside a save,
   ``atomic_torch_save`` writes through it, and ``load_file`` reads what any engine wrote.
@@ -34,6 +37,7 @@ from deepspeed.checkpoint.layout import (LATEST_FILENAME, default_tag, list_tags
                                          rng_state_filename)
 from deepspeed.checkpoint.load import load_checkpoint
 from deepspeed.checkpoint.save import save_16bit_model, save_checkpoint
+from deepspeed.utils.lazy_exports import plugin_exports
 
 __all__ = [
     "save_checkpoint", "load_checkpoint", "save_16bit_model",
@@ -44,3 +48,5 @@ __all__ = [
     "SafetensorsCheckpointEngine", "AsyncCheckpointEngine", "build_checkpoint_engine",
     "checkpoint_engine_for",
 ]
+
+__getattr__, __dir__ = plugin_exports(__name__)

@@ -13,10 +13,11 @@ tools written for DeepSpeed checkpoints read ours. The per-rank RNG file is ours
 import os
 
 from deepspeed.checkpoint.atomic import is_temporary_name
+from deepspeed.checkpoint.constants import MODEL_FILE_PREFIX, MODEL_FILE_SUFFIX
 
 LATEST_FILENAME = "latest"
 DEFAULT_TAG_PREFIX = "global_step"
-MODEL_STATES_SUFFIX = "_model_states.pt"
+MODEL_STATES_SUFFIX = MODEL_FILE_SUFFIX
 
 
 def default_tag(global_steps):
@@ -24,7 +25,7 @@ def default_tag(global_steps):
 
 
 def model_states_filename(mp_rank=0):
-    return f"mp_rank_{mp_rank:02d}{MODEL_STATES_SUFFIX}"
+    return f"{MODEL_FILE_PREFIX}{mp_rank:02d}{MODEL_FILE_SUFFIX}"
 
 
 def rng_state_filename(global_rank):

@@ -35,6 +35,7 @@ import os
 import torch
 
 from deepspeed.checkpoint.atomic import CheckpointFormatError, load_file
+from deepspeed.checkpoint.constants import FP32_WEIGHT_KEY, PARAM
 from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME
 
 INFO_FILENAME = "universal_checkpoint_info.pt"
@@ -42,7 +43,7 @@ PARAMS_DIRNAME = "zero"
 LATEST_UNIVERSAL_FILENAME = "latest_universal"
 FORMAT = "deepspeed-universal"
 FORMAT_VERSION = 1
-FP32_KEY = "fp32"
+FP32_KEY = FP32_WEIGHT_KEY
 
 
 def param_dir(checkpoint_dir, name):
@@ -95,10 +96,10 @@ def load_param_state(checkpoint_dir, name, key=FP32_KEY, mmap=True):
             + (f"'{where}' holds {have}" if have is not None
                else f"the checkpoint has no parameter {name!r}"))
     saved = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    if not isinstance(saved, dict) or not torch.is_tensor(saved.get("param")):
+    if not isinstance(saved, dict) or not torch.is_tensor(saved.get(PARAM)):
         raise CheckpointFormatError(f"'{path}' should hold {{'param': tensor}}, found "
                                     f"{type(saved).__name__}")
-    return saved["param"]
+    return saved[PARAM]
 
 
 def read_latest_universal(folder):

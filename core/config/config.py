@@ -5,6 +5,7 @@ the batch triangle for the data-parallel world size, and answer upstream's attri
 (`fp16_enabled`, `optimizer_name`, ...: `UPSTREAM_ATTRIBUTES`) that integrations read.
 """
 import os
+from types import SimpleNamespace
 from typing import Any, Dict, Mapping, Optional
 
 from deepspeed.config.batch import resolve_batch_triangle
@@ -89,6 +90,22 @@ UPSTREAM_ATTRIBUTES = {
     "checkpoint_parallel_write_pipeline": "checkpoint.parallel_write.pipeline_stage",
     "activation_checkpointing_config": "activation_checkpointing",
 }
+
+
+class MonitorSections:
+    """The monitor sections of a config as attributes (``DeepSpeedConfig.monitor_config``)."""
+
+    def __init__(self, sections: Dict[str, Any]):
+        self.__dict__.update(sections)
+        self._keys = tuple(sections)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any monitor section is switched on."""
+        return any(bool(getattr(getattr(self, key), "enabled", False)) for key in self._keys)
+
+    def __repr__(self):
+        return f"MonitorSections({', '.join(f'{k}={getattr(self, k)!r}' for k in self._keys)})"
 
 
 class DeepSpeedConfig:
@@ -239,10 +256,20 @@ class DeepSpeedConfig:
         return dict(self.core.scheduler.params) if self.core.scheduler is not None else None
 
     @property
-    def monitor_config(self) -> Dict[str, Any]:
-        """The monitor sections as written (``MonitorMaster(ds_config.monitor_config)``, as in
-        the Monitor tutorial)."""
-        return {key: self.raw[key] for key in MONITOR_SECTIONS if key in self.raw}
+    def monitor_config(self) -> "MonitorSections":
+        """Upstream's monitor settings object: ``.tensorboard``, ``.wandb``, ``.csv_monitor``,
+        ``.comet`` (each the validated section, its defaults when the config omits it) and
+        ``.enabled``; ``MonitorMaster(ds_config.monitor_config)`` as the Monitor tutorial
+        writes it."""
+        return MonitorSections({key: self._section_or_default(key) for key in MONITOR_SECTIONS})
+
+    def _section_or_default(self, key: str) -> Any:
+        """A plugin's section model as validated, or its defaults when the config omits it;
+        the raw section (attribute access) when no installed plugin owns the key."""
+        if key in self._section_types:
+            found = self._plugins.get(key)
+            return found if found is not None else self._section_types[key]()
+        return SimpleNamespace(**(self.raw.get(key) or {}))
 
     # -- checkpoints ------------------------------------------------------------------------
     @property

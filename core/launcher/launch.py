@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from deepspeed.launcher import cores as core_binding
+from deepspeed.utils import numa as core_binding
 from deepspeed.launcher.constants import (KILL_GRACE_SECONDS, LOG_LEVELS, PID_FILE_TEMPLATE,
                                           POLL_INTERVAL_SECONDS, TORCH_DISTRIBUTED_DEFAULT_PORT)
 from deepspeed.launcher.hostfile import decode_world_info

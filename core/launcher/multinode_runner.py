@@ -18,7 +18,7 @@ import shutil
 import sys
 
 from deepspeed.launcher import constants as C
-from deepspeed.launcher.cores import format_core_list, parse_core_list, split_cores
+from deepspeed.utils.numa import format_core_list, parse_core_list, split_cores
 
 
 class MultiNodeRunner:

@@ -16,9 +16,12 @@ import sys
 from collections import OrderedDict
 
 from deepspeed.launcher import constants as C
-from deepspeed.launcher.cores import parse_core_list
+from deepspeed.utils.numa import parse_core_list
 from deepspeed.launcher.environment import exports_for_remote, load_deepspeed_env
+from deepspeed.launcher.flag_prefixes import FlagRecordingParser, expand_flag_prefixes
 from deepspeed.launcher.hostfile import encode_world_info, fetch_hostfile, parse_inclusion_exclusion
+# upstream's runner has it: launch scripts filter their own {host: slots} tables with it
+from deepspeed.launcher.hostfile import parse_resource_filter  # noqa: F401
 from deepspeed.launcher.launch import shell_exit_code
 from deepspeed.launcher.multinode_runner import RUNNERS, launch_passthrough_flags
 from deepspeed.launcher.plugin_commands import (add_plugin_arguments, check_one_plugin_command,
@@ -35,8 +38,10 @@ class LauncherError(RuntimeError):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="deepspeed", allow_abbrev=False,
+    # unambiguous prefixes of these flags are accepted before the user script only
+    # (deepspeed.launcher.flag_prefixes: argparse's own matching would read the script's flags)
+    parser = FlagRecordingParser(
+        prog="deepspeed",
         description="DeepSpeed runner: starts a distributed training job on one or more nodes.")
     parser.add_argument("-H", "--hostfile", type=str, default=None,
                         help=f"Hostfile of '<hostname> slots=<N>' lines (default {C.DLTS_HOSTFILE}, "
@@ -105,10 +110,15 @@ def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     actions = add_plugin_arguments(parser)
+    try:
+        argv = expand_flag_prefixes(argv, parser.flag_actions)
+    except ValueError as err:
+        parser.error(str(err))
     missing = missing_plugin_flag(argv, actions)
     if missing is not None:
         raise LauncherError(missing_plugin_problem(missing))
     args = parser.parse_args(argv)
+    args.command_line = argv  # flags written out in full, for a plugin's command
     args.plugin_flags = given_plugin_flags(args, actions)
     check_one_plugin_command(args.plugin_flags, actions)
     return args
@@ -369,8 +379,8 @@ def _main(argv=None):
     if args.enable_each_rank_log:
         args.enable_each_rank_log = os.path.abspath(args.enable_each_rank_log)
     if args.plugin_flags:
-        return run_plugin_command(args, sys.argv[1:] if argv is None else list(argv),
-                                  args.plugin_flags, error_type=LauncherError)
+        return run_plugin_command(args, args.command_line, args.plugin_flags,
+                                  error_type=LauncherError)
 
     env = dict(os.environ)
     pool, active = resolve_resources(args, env)

@@ -6,11 +6,13 @@
 import torch
 
 from deepspeed.precision.loss_scaler import DynamicLossScaler, LossScaler, loss_scaler_from_config
-from deepspeed.precision.mixed_precision import (FullPrecision, MixedPrecisionOptimizer,
-                                                 OptimizerFace)
+from deepspeed.precision.mixed_precision import (BF16Optimizer, FP16Optimizer, FullPrecision,
+                                                 MixedPrecisionOptimizer, OptimizerFace)
+from deepspeed.precision.overflow import CheckOverflow
 
 __all__ = ["training_dtype", "precision_for", "FullPrecision", "MixedPrecisionOptimizer",
-           "OptimizerFace", "LossScaler", "DynamicLossScaler", "check_precision_supported"]
+           "FP16Optimizer", "BF16Optimizer", "OptimizerFace", "LossScaler", "DynamicLossScaler",
+           "CheckOverflow", "check_precision_supported"]
 
 
 def training_dtype(config):
@@ -40,7 +42,7 @@ def precision_for(config, module, optimizer, overflow_group=None):
         return FullPrecision(module, optimizer), optimizer
     scaler = loss_scaler_from_config(config) if config.fp16_enabled else None
     fp32_accumulation = config.grad_accum_dtype == "fp32"
-    wrapped = MixedPrecisionOptimizer(optimizer, loss_scaler=scaler,
-                                      fp32_grad_accumulation=fp32_accumulation,
-                                      overflow_group=overflow_group, module=module)
+    kind = FP16Optimizer if config.fp16_enabled else BF16Optimizer
+    wrapped = kind(optimizer, loss_scaler=scaler, fp32_grad_accumulation=fp32_accumulation,
+                   overflow_group=overflow_group, module=module)
     return wrapped, wrapped

@@ -14,6 +14,7 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.hooks import GRADIENT_NORM_GROUP, REPLICATED_PARAM
 from deepspeed.precision.loss_scaler import log_overflow
+from deepspeed.precision.overflow import has_inf_or_nan, overflow_anywhere
 
 
 def _grads(params):
@@ -251,12 +252,8 @@ class MixedPrecisionOptimizer(OptimizerFace):
             return True
         if grads and self.cur_scale != 1.0:
             torch._foreach_mul_(grads, 1.0 / self.cur_scale)
-        bad = torch.zeros(1)
-        if grads:
-            bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any().float().view(1)
-        if dist.is_initialized():
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.overflow_group)
-        self.overflow = bool(bad.item())
+        self.overflow = overflow_anywhere(has_inf_or_nan(grads), self.overflow_group,
+                                          device=grads[0].device if grads else None)
         return not self.overflow
 
     def master_params(self):
@@ -295,3 +292,13 @@ class MixedPrecisionOptimizer(OptimizerFace):
             master.grad = None
         for param in self._module_params:
             param.grad = None
+
+
+class FP16Optimizer(MixedPrecisionOptimizer):
+    """fp16 training: fp32 masters and a loss scaler. Upstream's class of this job is
+    ``deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer``, which names this one."""
+
+
+class BF16Optimizer(MixedPrecisionOptimizer):
+    """bf16 training: fp32 masters, no loss scaling. Upstream's class of this job is
+    ``deepspeed.runtime.bf16_optimizer.BF16_Optimizer``, which names this one."""

@@ -169,8 +169,9 @@ def worker_main(rank, world_size, port, conn, env, init, init_kwargs, dump_path,
     # inherit the server's environment from when the server started
     os.environ.clear()
     os.environ.update(env)
+    # what the launcher sets for a one-node job (LOCAL_SIZE: the CPU accelerator's device count)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                      LOCAL_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     dump_file = open(dump_path, "w")  # stays open: faulthandler writes here on STACK_DUMP_SIGNAL
     if STACK_DUMP_SIGNAL is not None:

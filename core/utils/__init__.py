@@ -12,6 +12,7 @@ from deepspeed.utils.logging import log_dist, logger
 
 # public name -> module that defines it, imported on first access
 _LAZY = {  # a plain literal: the docs build reads it statically (tools/docs/griffe_lazy_exports.py)
+    "OnDevice": "deepspeed.utils.init_on_device",
     "RepeatingLoader": "deepspeed.utils.repeating_loader",
     "safe_get_full_fp32_param": "deepspeed.utils.tensor_fragment",
     "safe_get_full_grad": "deepspeed.utils.tensor_fragment",
@@ -20,16 +21,19 @@ _LAZY = {  # a plain literal: the docs build reads it statically (tools/docs/gri
     "safe_get_local_grad": "deepspeed.utils.tensor_fragment",
     "safe_get_local_optimizer_state": "deepspeed.utils.tensor_fragment",
     "safe_set_full_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_set_full_grad": "deepspeed.utils.tensor_fragment",
     "safe_set_full_optimizer_state": "deepspeed.utils.tensor_fragment",
     "safe_set_local_fp32_param": "deepspeed.utils.tensor_fragment",
+    "safe_set_local_grad": "deepspeed.utils.tensor_fragment",
     "safe_set_local_optimizer_state": "deepspeed.utils.tensor_fragment",
 }
 
-__all__ = ["logger", "log_dist", "RepeatingLoader", "safe_get_full_fp32_param", "safe_get_full_grad",
+__all__ = ["logger", "log_dist", "OnDevice", "RepeatingLoader", "safe_get_full_fp32_param", "safe_get_full_grad",
            "safe_get_full_optimizer_state", "safe_set_full_fp32_param",
            "safe_set_full_optimizer_state", "safe_get_local_fp32_param", "safe_get_local_grad",
            "safe_get_local_optimizer_state", "safe_set_local_fp32_param",
-           "safe_set_local_optimizer_state", "groups", "is_initialized"]
+           "safe_set_local_optimizer_state", "safe_set_full_grad", "safe_set_local_grad",
+           "groups", "is_initialized"]
 
 
 def is_initialized() -> bool:

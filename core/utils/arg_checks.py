@@ -26,3 +26,11 @@ def check_int(name, value, minimum):
             minimum, f"an integer >= {minimum}")
         raise ValueError(f"{name} must be {kind}, got {value!r}")
     return value_int
+
+
+def check_names(name, value, error=ValueError):
+    """One string or a non-empty list of strings, as a list (``"w"`` -> ``["w"]``)."""
+    names = [value] if isinstance(value, str) else list(value)
+    if not names or not all(isinstance(item, str) for item in names):
+        raise error(f"{name} must be a name or a non-empty list of names, got {value!r}")
+    return names

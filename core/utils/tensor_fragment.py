@@ -69,6 +69,17 @@ def safe_set_full_fp32_param(param, value):
         param.data.copy_(torch.as_tensor(value).reshape(param.shape))
 
 
+def safe_set_full_grad(param, value):
+    """Replace the gradient the next step uses with the full-shape ``value``: the reduced
+    gradient the partitioning plugin holds (after backward, before step; each rank keeps its
+    fragment), else ``param.grad``. What ``safe_get_full_grad`` reads back."""
+    access = _access(param)
+    if access is not None:
+        access.set_full_hp_grad(value, param)
+        return
+    _set_grad(param, torch.as_tensor(value).reshape(param.shape))
+
+
 def safe_set_full_optimizer_state(param, value, optim_state_key):
     """Set the fp32 optimizer state ``optim_state_key`` of ``param`` from a full-shape value."""
     access = _access(param)
@@ -113,6 +124,25 @@ def safe_set_local_fp32_param(param, value):
         param.data.view(-1).copy_(torch.as_tensor(value).reshape(-1))
 
 
+def safe_set_local_grad(param, value):
+    """Replace this rank's fragment (1-D) of the gradient the next step uses; without a
+    partitioning plugin the fragment is the whole flattened ``param.grad``."""
+    access = _access(param)
+    if access is not None:
+        access.set_local_hp_grad(value, param)
+        return
+    _set_grad(param, torch.as_tensor(value).reshape(param.shape))
+
+
+def _set_grad(param, value):
+    """``param.grad`` becomes ``value`` (copied into the existing gradient when there is one)."""
+    with torch.no_grad():
+        if param.grad is None:
+            param.grad = value.to(param.device, param.dtype).clone()
+        else:
+            param.grad.copy_(value)
+
+
 def safe_set_local_optimizer_state(param, value, optim_state_key):
     """Set this rank's fragment of optimizer state ``optim_state_key`` of ``param``."""
     access = _access(param)
@@ -122,6 +152,6 @@ def safe_set_local_optimizer_state(param, value, optim_state_key):
 
 
 __all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
-           "safe_set_full_fp32_param", "safe_set_full_optimizer_state",
+           "safe_set_full_fp32_param", "safe_set_full_grad", "safe_set_full_optimizer_state",
            "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
-           "safe_set_local_fp32_param", "safe_set_local_optimizer_state"]
+           "safe_set_local_fp32_param", "safe_set_local_grad", "safe_set_local_optimizer_state"]

@@ -100,14 +100,23 @@ def _section_of(config, key: str):
     return None if raw is None else SECTIONS[key](**raw)
 
 
+def _as_section(key: str, value):
+    """A section model of ``key`` from a validated model or an attribute namespace."""
+    return value if isinstance(value, SECTIONS[key]) else SECTIONS[key](**vars(value))
+
+
 def get_monitor_config(config: Any) -> DeepSpeedMonitorConfig:
-    """A ``DeepSpeedMonitorConfig`` from a ``DeepSpeedConfig``, a whole-config dict (only the
-    four monitor keys are read), or a ``DeepSpeedMonitorConfig`` (returned as is)."""
+    """A ``DeepSpeedMonitorConfig`` from a ``DeepSpeedConfig`` or its ``monitor_config``, a
+    whole-config dict (only the four monitor keys are read), or a ``DeepSpeedMonitorConfig``
+    (returned as is)."""
     if isinstance(config, DeepSpeedMonitorConfig):
         return config
     if isinstance(config, Mapping):
         return DeepSpeedMonitorConfig(**{key: config[key] for key in SECTIONS
                                          if config.get(key) is not None})
+    if all(hasattr(config, key) for key in SECTIONS):  # DeepSpeedConfig.monitor_config
+        return DeepSpeedMonitorConfig(**{key: _as_section(key, getattr(config, key))
+                                         for key in SECTIONS})
     if hasattr(config, "section"):
         found = {key: _section_of(config, key) for key in SECTIONS}
         return DeepSpeedMonitorConfig(**{key: value for key, value in found.items()

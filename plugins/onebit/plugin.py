@@ -20,14 +20,16 @@ import importlib
 import sys
 
 from deepspeed.hooks import hookimpl
+from deepspeed.onebit.names import (ONEBIT_ADAM_OPTIMIZER, ONEBIT_LAMB_OPTIMIZER,
+                                    ZERO_ONE_ADAM_OPTIMIZER)
 from deepspeed.plugin_manager import DeepSpeedPlugin, PluginError
 from deepspeed.utils.logging import log_dist
 
 # config name (lower case) -> (module, class); imported only when the config asks for one, since
 # the catalog loads this plugin with every run (``deepspeed.utils.lazy_exports``)
-OPTIMIZERS = {"onebitadam": ("deepspeed.onebit.adam", "OnebitAdam"),
-              "zerooneadam": ("deepspeed.onebit.zoadam", "ZeroOneAdam"),
-              "onebitlamb": ("deepspeed.onebit.lamb", "OnebitLamb")}
+OPTIMIZERS = {ONEBIT_ADAM_OPTIMIZER: ("deepspeed.onebit.adam", "OnebitAdam"),
+              ZERO_ONE_ADAM_OPTIMIZER: ("deepspeed.onebit.zoadam", "ZeroOneAdam"),
+              ONEBIT_LAMB_OPTIMIZER: ("deepspeed.onebit.lamb", "OnebitLamb")}
 
 
 def _onebit_optimizer(engine):

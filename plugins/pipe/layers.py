@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from torch import nn
 
+from deepspeed.utils.arg_checks import check_names
 from deepspeed.utils.logging import logger
 from deepspeed.pipe.partitioning import partition_balanced, partition_uniform
 
@@ -69,12 +70,8 @@ class TiedLayerSpec(LayerSpec):
         if forward_fn is not None and not callable(forward_fn):
             raise TypeError(f"TiedLayerSpec(key={key!r}): forward_fn must be callable, got "
                             f"{type(forward_fn).__name__}")
-        if isinstance(tied_weight_attr, str):
-            tied_weight_attr = [tied_weight_attr]
-        tied_weight_attr = list(tied_weight_attr)
-        if not tied_weight_attr or not all(isinstance(a, str) for a in tied_weight_attr):
-            raise TypeError(f"TiedLayerSpec(key={key!r}): tied_weight_attr must be an attribute "
-                            f"name or a non-empty list of them, got {tied_weight_attr!r}")
+        tied_weight_attr = check_names(f"TiedLayerSpec(key={key!r}): tied_weight_attr",
+                                       tied_weight_attr, error=TypeError)
         self.key = key
         self.forward_fn = forward_fn
         self.tied_weight_attr = tied_weight_attr

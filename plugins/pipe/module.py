@@ -27,6 +27,7 @@ from deepspeed import checkpointing
 from deepspeed import topology as ds_topology
 from deepspeed.accelerator import get_accelerator
 from deepspeed.checkpoint import atomic_torch_save, load_file
+from deepspeed.checkpoint.constants import LAYER_FILE_PREFIX
 from deepspeed.hooks import REPLICATED_PARAM, ParallelDim
 from deepspeed.pipe.layers import (LayerSpec, TiedLayerSpec, get_nested_attr, partition_layers,
                                    set_random_seed)
@@ -379,7 +380,7 @@ class PipelineModule(nn.Module):
     def ckpt_layer_path(self, ckpt_dir, local_layer_idx):
         """``ckpt_dir/layer_{global_idx:02d}[-{rank_repr}]-model_states.pt``."""
         idx = local_layer_idx + self._local_start
-        path = os.path.join(ckpt_dir, f"layer_{idx:02d}")
+        path = os.path.join(ckpt_dir, f"{LAYER_FILE_PREFIX}{idx:02d}")
         rank_repr = self._topo.get_rank_repr(rank=self.global_rank)
         if rank_repr != "":
             path += f"-{rank_repr}"
@@ -388,7 +389,7 @@ class PipelineModule(nn.Module):
     def ckpt_layer_path_list(self, ckpt_dir, local_layer_idx):
         """Every checkpoint file of a layer (one per model-parallel rank), sorted."""
         idx = local_layer_idx + self._local_start
-        return sorted(glob.glob(os.path.join(ckpt_dir, f"layer_{idx:02d}-*model_states.pt")))
+        return sorted(glob.glob(os.path.join(ckpt_dir, f"{LAYER_FILE_PREFIX}{idx:02d}-*model_states.pt")))
 
     def save_state_dict(self, save_dir, checkpoint_engine=None, exclude_frozen_params=False):
         """Write each local layer's state_dict to its `ckpt_layer_path`. Data-parallel rank 0 of

@@ -83,19 +83,83 @@ def _furthest_end(prefix, start, bound):
     return a
 
 
-def partition_balanced(weights: Sequence[float], num_parts: int) -> List[int]:
-    """Boundaries of ``num_parts`` contiguous parts whose heaviest part is as light as possible.
+def _reach_bounds(prefix, lower, upper):
+    """For each start ``i``: the range ``[lo, hi]`` of ends ``e > i`` whose part ``i:e`` weighs
+    within ``[lower, upper]`` (empty when ``lo > hi``). Weights are non-negative, so the part
+    weight grows with ``e`` and both ends are binary searches; the weight is always taken as the
+    same prefix difference, so float rounding agrees with the optimum's."""
+    n = len(prefix) - 1
+    bounds = []
+    for i in range(n):
+        a, b = i + 1, n + 1  # smallest e > i with weight(i:e) >= lower
+        while a < b:
+            mid = (a + b) // 2
+            if prefix[mid] - prefix[i] >= lower:
+                b = mid
+            else:
+                a = mid + 1
+        bounds.append((a, _furthest_end(prefix, i, upper)))
+    return bounds
 
-    ``weights[i]`` is the cost of item ``i`` (a layer's parameter count, say). The optimum of the
-    maximum part weight is computed exactly; among the partitions reaching it, the one that fills
-    parts from the front (each part takes as many items as fit, leaving one item for every later
-    part) is returned, so the answer is deterministic. With at least as many items as parts every
-    part is non-empty; with fewer, this is ``partition_uniform(len(weights), num_parts)``.
+
+def _can_finish(prefix, num_parts, lower, upper):
+    """``can[r][i]``: items ``i:`` split into ``r`` non-empty parts each weighing within
+    ``[lower, upper]``. One pass per part count over a running sum of the previous row, so a
+    check costs O(n log n + parts * n)."""
+    n = len(prefix) - 1
+    bounds = _reach_bounds(prefix, lower, upper)
+    can = [[False] * (n + 1) for _ in range(num_parts + 1)]
+    can[0][n] = True
+    for r in range(1, num_parts + 1):
+        previous = can[r - 1]
+        running = [0] * (n + 2)  # running[e] = how many ends in [0, e) finish r - 1 parts
+        for e in range(n + 1):
+            running[e + 1] = running[e] + previous[e]
+        row = can[r]
+        for i, (lo, hi) in enumerate(bounds):
+            row[i] = lo <= hi and running[hi + 1] > running[lo]
+    return can
+
+
+def _best_lightest_part(weights, prefix, num_parts, upper):
+    """The largest ``lower`` such that ``num_parts`` parts can each weigh within
+    ``[lower, upper]``: a binary search over the integers for integer weights, else over the
+    part weights that can occur (the answer is one of them)."""
+    feasible = lambda lower: _can_finish(prefix, num_parts, lower, upper)[num_parts][0]  # noqa: E731
+    if all(float(w).is_integer() for w in weights):
+        a, b = 0, int(upper)
+        while a < b:
+            mid = (a + b + 1) // 2
+            a, b = (mid, b) if feasible(mid) else (a, mid - 1)
+        return a
+    n = len(prefix) - 1
+    candidates = sorted({prefix[e] - prefix[i] for i in range(n) for e in range(i + 1, n + 1)
+                         if prefix[e] - prefix[i] <= upper})
+    a, b = 0, len(candidates) - 1  # candidates[0] (the lightest single item) is always feasible
+    while a < b:
+        mid = (a + b + 1) // 2
+        a, b = (mid, b) if feasible(candidates[mid]) else (a, mid - 1)
+    return candidates[a]
+
+
+def partition_balanced(weights: Sequence[float], num_parts: int) -> List[int]:
+    """Boundaries of ``num_parts`` contiguous parts whose heaviest part is as light as possible,
+    and among those, whose lightest part is as heavy as possible (the smallest spread).
+
+    ``weights[i]`` is the cost of item ``i`` (a layer's parameter count, say). Both optima are
+    computed exactly: first the heaviest part's weight, then the lightest part's given it (so
+    ``[1, 1, 1, 1, 0, 1]`` on 4 parts gives part weights 2, 1, 1, 1, not 2, 2, 0, 1). Among the
+    partitions reaching both, the one that fills parts from the front (each part takes as many
+    items as it can while the rest can still be split within both bounds) is returned, so the
+    answer is deterministic. With at least as many items as parts every part is non-empty; with
+    fewer, this is ``partition_uniform(len(weights), num_parts)``.
 
     >>> partition_balanced([1, 1, 1, 1], 2)
     [0, 2, 4]
     >>> partition_balanced([4, 1, 1, 1, 1], 2)
     [0, 1, 5]
+    >>> partition_balanced([1, 1, 1, 1, 0, 1], 4)
+    [0, 2, 3, 5, 6]
     """
     weights = _check_weights(weights)
     num_parts = check_int("num_parts", num_parts, 1)
@@ -105,17 +169,16 @@ def partition_balanced(weights: Sequence[float], num_parts: int) -> List[int]:
     prefix = [0]
     for w in weights:
         prefix.append(prefix[-1] + w)
-    bound = _min_bottleneck(prefix, num_parts)
+    upper = _min_bottleneck(prefix, num_parts)
+    lower = _best_lightest_part(weights, prefix, num_parts, upper)
+    can = _can_finish(prefix, num_parts, lower, upper)
+    bounds = _reach_bounds(prefix, lower, upper)
 
     parts = [0]
     for p in range(num_parts - 1):
-        start = parts[-1]
-        # the furthest end whose part weight stays within the bound (compared as the same
-        # prefix difference the optimum was computed from, so float rounding cannot disagree) ...
-        end = _furthest_end(prefix, start, bound)
-        # ... leaving one item for each of the parts still to fill
-        end = max(start + 1, min(end, n - (num_parts - 1 - p)))
-        parts.append(end)
+        lo, hi = bounds[parts[-1]]
+        rest = num_parts - 1 - p
+        parts.append(next(e for e in range(hi, lo - 1, -1) if can[rest][e]))
     parts.append(n)
     return parts
 

@@ -24,6 +24,7 @@ _EXPORTS = {
     "TiledLinearReturnBias": "deepspeed.zero.tiling",
     "register_external_parameter": "deepspeed.zero.stage3",
     "unregister_external_parameter": "deepspeed.zero.stage3",
+    "unwrap_model_for_generation": "deepspeed.zero.generation",
     "estimate_zero2_model_states_mem_needs_all_live": "deepspeed.zero.estimators",
     "estimate_zero2_model_states_mem_needs_all_cold": "deepspeed.zero.estimators",
     "estimate_zero3_model_states_mem_needs_all_live": "deepspeed.zero.estimators",

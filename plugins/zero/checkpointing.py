@@ -18,13 +18,15 @@ import torch
 
 from deepspeed.checkpoint import atomic_torch_save, load_file
 from deepspeed.checkpoint.atomic import write_file_atomically
+from deepspeed.checkpoint.constants import (DS_VERSION, OPTIM_FILE_SUFFIX, OPTIMIZER_STATE_DICT,
+                                            ZERO_FILE_PREFIX)
 from deepspeed.checkpoint.collective import writes_shared_files
 from deepspeed.version import __version__
 from deepspeed.zero import partition as layout_math
 from deepspeed.zero.partition_state import (ZeroCheckpointError, check_recut,
                                             load_partition_state_dict, partition_state_dict)
 
-OPTIM_FILE = "zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
+OPTIM_FILE = ZERO_FILE_PREFIX + "{dp_rank}_mp_rank_{mp_rank:02d}" + OPTIM_FILE_SUFFIX
 ZERO_TO_FP32_FILENAME = "zero_to_fp32.py"
 
 
@@ -52,8 +54,8 @@ def copy_zero_to_fp32(engine, save_dir):
 
 def save_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, ds_config):
     path = os.path.join(checkpoint_dir, optim_states_filename(dp_rank, mp_rank))
-    atomic_torch_save({"optimizer_state_dict": partition_state_dict(opt), "ds_config": ds_config,
-                       "ds_version": str(__version__)}, path)
+    atomic_torch_save({OPTIMIZER_STATE_DICT: partition_state_dict(opt), "ds_config": ds_config,
+                       DS_VERSION: str(__version__)}, path)
     return path
 
 
@@ -63,7 +65,7 @@ def _read(checkpoint_dir, dp_rank, mp_rank):
         present = sorted(n for n in os.listdir(checkpoint_dir) if n.endswith("_optim_states.pt"))
         raise ZeroCheckpointError(f"ZeRO optimizer file '{path}' does not exist; "
                                   f"'{checkpoint_dir}' holds {present or 'no optimizer files'}")
-    return load_file(path)["optimizer_state_dict"]
+    return load_file(path)[OPTIMIZER_STATE_DICT]
 
 
 def load_rank_file(opt, checkpoint_dir, dp_rank, mp_rank, elastic, saved_world=None,

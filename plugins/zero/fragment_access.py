@@ -99,6 +99,35 @@ class FragmentAccessMixin:
         if optim_state_key is None:
             self._write_model(param, frag, local, publish=False)
 
+    def set_full_hp_grad(self, value, param):
+        """Replace the gradient the next step uses by the full-shape ``value`` (each rank keeps
+        its fragment, so not a collective): inside a stage-1 accumulation window the unreduced
+        ``param.grad`` (the boundary then averages it), else this rank's reduced partition."""
+        value = self._checked(value, _full_numel(param), param, "full gradient")
+        grad = param.grad
+        if grad is not None and grad.numel() == _full_numel(param):
+            with torch.no_grad():
+                grad.copy_(value.reshape(grad.shape))
+            return
+        frag = self.fragment_of(param)
+        self._write_grad(frag, value.reshape(-1).narrow(0, frag.start, frag.length))
+
+    def set_local_hp_grad(self, value, param):
+        """Replace this rank's fragment of that gradient (where ``get_local_hp_grad`` reads)."""
+        frag = self.fragment_of(param)
+        value = self._checked(value, frag.length, param, "local gradient").reshape(-1)
+        grad = param.grad
+        if grad is not None and grad.numel() == _full_numel(param):
+            with torch.no_grad():
+                grad.view(-1).narrow(0, frag.start, frag.length).copy_(value)
+            return
+        self._write_grad(frag, value)
+
+    def _write_grad(self, frag, local):
+        with torch.no_grad():
+            self.grad_partitions[frag.group].narrow(0, frag.partition_offset,
+                                                    frag.length).copy_(local)
+
     def refresh_fp32_param(self, param):
         """Re-derive this rank's fp32 master fragment of ``param`` from the model's weights
         (after something wrote the weights directly, e.g. ``GatheredParameters``)."""

@@ -22,6 +22,11 @@ def _no_state(param, key):
                       f"has no optimizer state here")
 
 
+def _no_grad(param):
+    return ValueError(f"the gradient of this parameter (shape {tuple(param.ds_shape)}) cannot be "
+                      f"set: no ZeRO optimizer manages it (is it frozen?), so no step uses one")
+
+
 class ShardOnlyAccess:
     """Reads and writes a ZeRO-3 parameter's weight shard (one instance serves them all)."""
 
@@ -53,6 +58,9 @@ class ShardOnlyAccess:
             if not available:
                 param.partition()
 
+    def set_full_hp_grad(self, value, param):
+        raise _no_grad(param)
+
     # ------------------------------------------------------------------ local (this rank)
     def get_local_hp_param(self, param, optim_state_key=None):
         if optim_state_key is not None:
@@ -61,6 +69,9 @@ class ShardOnlyAccess:
 
     def get_local_hp_grad(self, param):
         return None if param.grad is None else param.grad.reshape(-1)
+
+    def set_local_hp_grad(self, value, param):
+        raise _no_grad(param)
 
     def set_local_hp_param(self, value, param, optim_state_key=None):
         if optim_state_key is not None:

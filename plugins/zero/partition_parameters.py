@@ -392,8 +392,36 @@ def _add_methods(param):
                 "requires_grad": self.requires_grad, "persist": self.ds_persist,
                 "partition_numel": self.ds_tensor.numel()}
 
-    for fn in (all_gather, partition, partition_numel, padding_size, ds_summary):
+    def all_gather_coalesced(self, params, safe_mode=False, quantize=False):
+        """Start gathering ``params`` (one all-gather per partitioner and dtype) and return a
+        handle whose ``wait()`` makes them whole. ``safe_mode`` (upstream's consistency
+        check) always holds here: mixed dtypes are gathered separately. ``quantize`` needs a
+        partitioner that quantizes its gathers (ZeRO++ ``zero_quantized_weights``)."""
+        params = list(params)
+        groups = by_partitioner(params)
+        if quantize and not all(getattr(partitioner.comm, "quantized_weights", False)
+                                for partitioner, _ in groups):
+            raise ValueError("all_gather_coalesced(quantize=True): these parameters' gathers "
+                             "are not quantized; enable zero_quantized_weights in the ZeRO "
+                             "config, or pass quantize=False")
+        for partitioner, own in groups:
+            partitioner.gather(own, async_op=True)
+        return CoalescedGatherHandle(groups)
+
+    for fn in (all_gather, all_gather_coalesced, partition, partition_numel, padding_size,
+               ds_summary):
         setattr(param, fn.__name__, types.MethodType(fn, param))
+
+
+class CoalescedGatherHandle:
+    """What ``param.all_gather_coalesced`` returns: ``wait()`` finishes the gathers."""
+
+    def __init__(self, groups):
+        self.groups = groups
+
+    def wait(self):
+        for partitioner, params in self.groups:
+            partitioner.wait(params)
 
 
 # ---------------------------------------------------------------------- zero.Init

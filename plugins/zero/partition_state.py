@@ -13,6 +13,8 @@ other.
 """
 import torch
 
+from deepspeed.checkpoint.constants import (DS_VERSION, LOSS_SCALER, PARAM_GROUPS, PARTITION_COUNT,
+                                            SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_STAGE)
 from deepspeed.version import __version__
 from deepspeed.zero import partition as layout_math
 
@@ -48,17 +50,17 @@ def partition_state_dict(opt):
              for group in opt.optimizer.param_groups]
     return {
         "frozen_shards": _frozen_shards(opt),
-        "zero_stage": opt.stage,
-        "partition_count": opt.partition_count,  # MiCS: the shard size, not the dp size
+        ZERO_STAGE: opt.stage,
+        PARTITION_COUNT: opt.partition_count,  # MiCS: the shard size, not the dp size
         "partition_replicas": opt.world_size // opt.partition_count,
         "layout": layout_math.describe(opt.layouts, opt.param_names),
-        "single_partition_of_fp32_groups": fp32,
+        SINGLE_PARTITION_OF_FP32_GROUPS: fp32,
         "optimizer_state": states,
         "optimizer_scalars": scalars,
-        "param_groups": hyper,
-        "loss_scaler": opt.loss_scaler.state_dict() if opt.loss_scaler is not None else None,
+        PARAM_GROUPS: hyper,
+        LOSS_SCALER: opt.loss_scaler.state_dict() if opt.loss_scaler is not None else None,
         "overflow": bool(opt.overflow),
-        "ds_version": str(__version__),
+        DS_VERSION: str(__version__),
     }
 
 

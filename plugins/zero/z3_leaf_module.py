@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from deepspeed.utils.arg_checks import check_names
+
 if TYPE_CHECKING:
     import torch
 
@@ -57,6 +59,15 @@ def _matches(module, leaf_classes):
     return False
 
 
+def _mark(matched, flag):
+    _EDITS[0] += 1
+    for module in matched:
+        setattr(module, LEAF_ATTRIBUTE, flag)
+        for param in module.parameters():
+            param.ds_z3_leaf_module = module if flag else None
+    return matched
+
+
 def _set_leaf_flag(model, leaf_classes, flag):
     if isinstance(leaf_classes, (str, type)):
         leaf_classes = [leaf_classes]
@@ -70,12 +81,7 @@ def _set_leaf_flag(model, leaf_classes, flag):
         names = [c if isinstance(c, str) else c.__name__ for c in leaf_classes]
         raise ValueError(f"no module of class {names} found in {type(model).__name__}: "
                          f"nothing to mark as a ZeRO-3 leaf module")
-    _EDITS[0] += 1
-    for module in matched:
-        setattr(module, LEAF_ATTRIBUTE, flag)
-        for param in module.parameters():
-            param.ds_z3_leaf_module = module if flag else None
-    return matched
+    return _mark(matched, flag)
 
 
 def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes):
@@ -91,5 +97,21 @@ def unset_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes):
     return _set_leaf_flag(model, leaf_module_classes, False)
 
 
-__all__ = ["get_z3_leaf_modules", "set_z3_leaf_modules", "unset_z3_leaf_modules",
-           "z3_leaf_module", "z3_leaf_parameter"]
+def set_z3_leaf_modules_by_name(model: torch.nn.Module, module_names, flag=True,
+                                raise_if_not_found=True):
+    """Mark (``flag=False``: unmark) the modules of ``model`` named in ``module_names`` (their
+    names in ``model.named_modules()``, e.g. ``"layers.0.mlp"``) as ZeRO-3 leaves; returns them
+    in the order named. A name ``model`` does not have raises ``ValueError`` naming it (with
+    ``raise_if_not_found=False`` it is skipped), for the reason ``set_z3_leaf_modules`` raises."""
+    module_names = check_names("module_names", module_names)
+    modules = dict(model.named_modules())
+    missing = [name for name in module_names if name not in modules]
+    if missing and raise_if_not_found:
+        raise ValueError(f"no module named {missing} in {type(model).__name__} (names are those "
+                         f"of model.named_modules(), e.g. {list(modules)[1:4]}): nothing to mark "
+                         f"as a ZeRO-3 leaf module")
+    return _mark([modules[name] for name in module_names if name in modules], flag)
+
+
+__all__ = ["get_z3_leaf_modules", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name",
+           "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]

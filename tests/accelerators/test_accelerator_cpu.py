@@ -68,10 +68,22 @@ def test_current_device_follows_set_device_and_local_rank(cpu, monkeypatch):
         fresh.current_device()
 
 
-def test_device_count_is_numa_nodes(cpu):
+def test_device_count_is_numa_nodes(cpu, monkeypatch):
+    monkeypatch.delenv("LOCAL_SIZE", raising=False)
     nodes = [n for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()] \
         if os.path.isdir("/sys/devices/system/node") else []
     assert cpu.device_count() == max(len(nodes), 1)
+
+
+def test_device_count_follows_launcher_local_size(cpu, monkeypatch):
+    """Inside a launched job each local rank is one device, so a 4-rank job on a one-NUMA-node
+    machine passes ``world_size <= device_count()``."""
+    monkeypatch.setenv("LOCAL_SIZE", "4")
+    assert cpu.device_count() == 4
+    for bad in ("0", "four"):
+        monkeypatch.setenv("LOCAL_SIZE", bad)
+        with pytest.raises(ValueError, match="LOCAL_SIZE"):
+            cpu.device_count()
 
 
 def test_rng_roundtrip(cpu):

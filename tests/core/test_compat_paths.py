@@ -14,6 +14,14 @@ PATHS = [
     ("deepspeed.checkpoint.utils", "clone_tensors_for_torch_save", "deepspeed.checkpoint.utils"),
     ("deepspeed.accelerator", "get_accelerator", "deepspeed.accelerator"),
     ("deepspeed.launcher.runner", "main", "deepspeed.launcher.runner"),
+    ("deepspeed.launcher.runner", "parse_resource_filter", "deepspeed.launcher.hostfile"),
+    # paths code written against upstream imports (issue 36); behaviour in tests/core/compat
+    ("deepspeed.runtime.fp16.fused_optimizer", "FP16_Optimizer", "deepspeed.runtime.fp16.fused_optimizer"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler", "deepspeed.precision"),
+    ("deepspeed.runtime.bf16_optimizer", "BF16_Optimizer", "deepspeed.runtime.bf16_optimizer"),
+    ("deepspeed.runtime.precision_config", "get_bfloat16_config", "deepspeed.runtime.precision_config"),
+    ("deepspeed.runtime.utils", "CheckOverflow", "deepspeed.precision"),
+    ("deepspeed.utils", "OnDevice", "deepspeed"),
     # shipped by the zero plugin (plugins/zero/upstream_paths, mapped by setup.py)
     ("deepspeed.utils.zero_to_fp32", "get_fp32_state_dict_from_zero_checkpoint",
      "deepspeed.zero.zero_to_fp32"),

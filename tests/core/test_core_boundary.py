@@ -40,7 +40,7 @@ ALLOWED_SECTION_NAMES = {
     "config/config.py": (
         {"tensorboard", "wandb", "csv_monitor", "comet"},
         "DeepSpeedConfig.monitor_config is upstream's documented attribute (Monitor tutorial: "
-        "MonitorMaster(ds_config.monitor_config)); it returns those sections as written"),
+        "MonitorMaster(ds_config.monitor_config)); it returns those sections' models as attributes"),
     "launcher/plugin_commands.py": (
         {"autotuning"}, "the table of documented launcher flags names the feature each runs, so "
                         "a flag whose plugin is missing gets a clear message"),
@@ -88,6 +88,9 @@ ALLOWED_CONCEPTS = {
          "get_tensor_model_parallel_group"},
         "deepspeed.checkpointing.configure(mpu_) takes a Megatron mpu, whose interface spells "
         "the group activations are partitioned over get_tensor_model_parallel_*"),
+    "precision/overflow.py": ({"has_moe_params"},
+                              "upstream's CheckOverflow.has_overflow(params, has_moe_params) "
+                              "signature; the flag only widens the check to every rank"),
     "testing/distributed.py": ({"Pipe"}, "multiprocessing's Pipe: how the test pool talks to its "
                                          "ranks"),
 }

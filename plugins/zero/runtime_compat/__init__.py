@@ -1,5 +1,7 @@
 """``deepspeed.runtime.zero``: upstream's import paths for ZeRO, re-exporting ``deepspeed.zero``
 (setup.py maps this folder there; see RUNTIME_COMPAT)."""
-from deepspeed.zero import GatheredParameters, Init, register_external_parameter  # noqa: E402
+from deepspeed.zero import (GatheredParameters, Init, register_external_parameter,  # noqa: E402
+                            unwrap_model_for_generation)
 
-__all__ = ["GatheredParameters", "Init", "register_external_parameter"]
+__all__ = ["GatheredParameters", "Init", "register_external_parameter",
+           "unwrap_model_for_generation"]

@@ -1,8 +1,8 @@
 """Core-list parsing and splitting for --bind_cores_to_rank."""
 import pytest
 
-from deepspeed.launcher import cores
-from deepspeed.launcher.cores import format_core_list, parse_core_list, split_cores
+from deepspeed.utils import numa as cores
+from deepspeed.utils.numa import format_core_list, parse_core_list, split_cores
 
 
 def test_parse_ranges_and_singles():

@@ -141,3 +141,21 @@ def test_the_tutorial_usage_through_deepspeed_config(tmp_path):
     monitor.close()
     rows = (tmp_path / "csv" / "tutorial" / "Test_accuracy.csv").read_text().splitlines()
     assert rows == ["step,accuracy", "10,0.5", "20,0.75"]
+
+
+def test_monitor_config_is_an_object_of_sections(tmp_path):
+    """Upstream's ``ds_config.monitor_config.csv_monitor`` / ``.tensorboard`` / ``.wandb``:
+    the validated sections (defaults when omitted), each enough to build its backend."""
+    from deepspeed.monitor.csv_monitor import csvMonitor
+
+    ds_config = DeepSpeedConfig({"train_batch_size": 1, "csv_monitor": {
+        "enabled": True, "output_path": str(tmp_path), "job_name": "run"}}, world_size=1)
+    settings = ds_config.monitor_config
+    assert isinstance(settings.csv_monitor, CSVConfig) and settings.csv_monitor.job_name == "run"
+    assert settings.tensorboard == TensorBoardConfig() and settings.wandb == WandbConfig()
+    assert settings.enabled and not DeepSpeedConfig({"train_batch_size": 1},
+                                                    world_size=1).monitor_config.enabled
+    backend = csvMonitor(settings.csv_monitor)
+    backend.write_events([("Train/loss", 2.0, 1)])
+    assert (tmp_path / "run" / "Train_loss.csv").read_text().splitlines() == ["step,loss", "1,2.0"]
+    assert get_monitor_config(settings).csv_monitor == settings.csv_monitor

@@ -79,3 +79,19 @@ def test_upstream_paths_and_names():
 
     assert (UpAdam, UpLamb, UpZo) == (OnebitAdam, OnebitLamb, ZeroOneAdam)
     assert OneBitAdam is OnebitAdam and OneBitLamb is OnebitLamb
+
+
+def test_upstream_name_constants_switch_the_plugin_on():
+    """``deepspeed.runtime.config.ONEBIT_ADAM_OPTIMIZER`` ... are this plugin's exports, and
+    written as ``optimizer.type`` they enable it."""
+    from deepspeed.config import DeepSpeedConfig
+    from deepspeed.onebit.plugin import OneBitPlugin
+    from deepspeed.runtime import config as runtime_config
+
+    for name in ("ONEBIT_ADAM_OPTIMIZER", "ZERO_ONE_ADAM_OPTIMIZER", "ONEBIT_LAMB_OPTIMIZER"):
+        config = DeepSpeedConfig({"train_batch_size": 1, "optimizer": {
+            "type": getattr(runtime_config, name)}}, world_size=1)
+        assert OneBitPlugin().is_enabled(config, {}), name
+    assert not OneBitPlugin().is_enabled(DeepSpeedConfig(
+        {"train_batch_size": 1, "optimizer": {"type": runtime_config.ADAM_OPTIMIZER}},
+        world_size=1), {})

@@ -62,13 +62,22 @@ def test_balanced_examples():
 
 
 def _brute_force_best(weights, num_parts):
+    """(lightest heaviest part, then heaviest lightest part among those) over every split."""
     n = len(weights)
     best = None
     for cuts in itertools.combinations(range(1, n), num_parts - 1):
-        parts = [0, *cuts, n]
-        worst = max(_part_weights(weights, parts))
-        best = worst if best is None else min(best, worst)
-    return best
+        sums = _part_weights(weights, [0, *cuts, n])
+        key = (max(sums), -min(sums))
+        best = key if best is None else min(best, key)
+    return best[0], -best[1]
+
+
+def test_balanced_then_smallest_spread():
+    """Upstream's layer placement: after the heaviest part, the spread is minimised, so
+    [1, 1, 1, 1, 0, 1] on 4 stages weighs 2, 1, 1, 1 (not 2, 2, 0, 1)."""
+    weights = [1, 1, 1, 1, 0, 1]
+    sums = _part_weights(weights, partition_balanced(weights, 4))
+    assert max(sums) == 2 and max(sums) - min(sums) <= 1
 
 
 def test_balanced_matches_brute_force_optimum():
@@ -83,8 +92,10 @@ def test_balanced_matches_brute_force_optimum():
         parts = partition_balanced(weights, m)
         assert _valid(parts, n, m)
         assert all(b > a for a, b in zip(parts, parts[1:])), (weights, m, parts)
-        assert max(_part_weights(weights, parts)) == pytest.approx(
-            _brute_force_best(weights, m), rel=1e-12, abs=1e-12), (weights, m, parts)
+        heaviest, lightest = _brute_force_best(weights, m)
+        sums = _part_weights(weights, parts)
+        assert max(sums) == pytest.approx(heaviest, rel=1e-12, abs=1e-12), (weights, m, parts)
+        assert min(sums) == pytest.approx(lightest, rel=1e-12, abs=1e-12), (weights, m, parts)
 
 
 def test_balanced_large_input_is_fast_and_optimal_for_equal_weights():

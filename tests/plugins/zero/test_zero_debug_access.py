@@ -254,3 +254,62 @@ def test_without_zero_the_parameter_itself_is_returned():
     torch.testing.assert_close(layer.weight.detach(), torch.ones(2, 3))
     with pytest.raises(ValueError, match="not reachable"):
         safe_set_full_optimizer_state(layer.weight, torch.ones(2, 3), "exp_avg")
+
+
+def _run_grad_setters(stage):
+    """A fresh engine's first step after the gradients were replaced: AdamW's first update is
+    ``-lr * g / (|g| + eps)`` per element, so each weight moves by ``-lr * sign(g set)``
+    whatever the batch's gradient was (clipping only scales ``g``)."""
+    from deepspeed import comm as dist
+    from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad,
+                                 safe_get_local_grad, safe_set_full_grad, safe_set_local_grad)
+
+    engine = _engine(stage, {})
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = make_data(1, 1, world)
+    _forward_backward(engine, x, y, 0)
+    a, b = engine.module.a.weight, engine.module.b.weight
+    before = {"a": safe_get_full_fp32_param(a), "b": safe_get_full_fp32_param(b)}
+    signs = torch.ones(13, 7)
+    signs[::2] = -1.0
+    safe_set_full_grad(a, signs * 3.0)
+    local = safe_get_local_grad(b)
+    safe_set_local_grad(b, torch.full_like(local, -2.0 if rank == 0 else 2.0))
+    read_back = (safe_get_full_grad(a), safe_get_local_grad(b))
+    engine.step()
+    moved = {"a": safe_get_full_fp32_param(a) - before["a"],
+             "b": safe_get_full_fp32_param(b) - before["b"]}
+    return read_back, local.numel(), moved, before["b"]
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_grad_setters_replace_the_gradient_the_step_uses(dist_pool, stage):
+    results = dist_pool.run(_run_grad_setters, world_size=2, args=(stage,))
+    signs = torch.ones(13, 7)
+    signs[::2] = -1.0
+    sizes = [r[1] for r in results]
+    b_signs = torch.cat([torch.full((sizes[0],), -1.0), torch.full((sizes[1],), 1.0)])
+    for rank, ((full_a, local_b), _, moved, b_before) in enumerate(results):
+        torch.testing.assert_close(full_a, signs * 3.0, rtol=0, atol=0)
+        assert torch.all(local_b == (-2.0 if rank == 0 else 2.0))
+        torch.testing.assert_close(moved["a"], -LR * signs, rtol=1e-4, atol=1e-7)
+        # b's group has weight decay 0.1: AdamW also shrinks the weight by lr * wd * w
+        torch.testing.assert_close(moved["b"].reshape(-1),
+                                   -LR * 0.1 * b_before.reshape(-1) - LR * b_signs,
+                                   rtol=1e-4, atol=1e-7)
+
+
+def test_grad_setters_without_zero_write_param_grad():
+    from deepspeed.utils import safe_get_local_grad, safe_set_full_grad, safe_set_local_grad
+
+    layer = torch.nn.Linear(3, 2)
+    safe_set_full_grad(layer.weight, torch.ones(2, 3))  # no gradient yet: one is made
+    torch.testing.assert_close(layer.weight.grad, torch.ones(2, 3))
+    grad = layer.weight.grad
+    safe_set_local_grad(layer.weight, torch.arange(6.0))
+    assert layer.weight.grad is grad  # written in place
+    torch.testing.assert_close(safe_get_local_grad(layer.weight), torch.arange(6.0))
+    opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+    before = layer.weight.detach().clone()
+    opt.step()
+    torch.testing.assert_close(layer.weight.detach(), before - torch.arange(6.0).view(2, 3))

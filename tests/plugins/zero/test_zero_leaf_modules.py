@@ -88,10 +88,14 @@ def _reference(world):
 def _train(leaf_spec):
     import deepspeed
     from deepspeed import comm as dist
-    from deepspeed.utils import get_z3_leaf_modules, set_z3_leaf_modules
+    from deepspeed.utils import (get_z3_leaf_modules, set_z3_leaf_modules,
+                                 set_z3_leaf_modules_by_name)
 
     model = _model()
-    marked = set_z3_leaf_modules(model, [leaf_spec]) if leaf_spec else []
+    if isinstance(leaf_spec, str) and leaf_spec.startswith("named:"):
+        marked = set_z3_leaf_modules_by_name(model, [leaf_spec[len("named:"):]])
+    else:
+        marked = set_z3_leaf_modules(model, [leaf_spec]) if leaf_spec else []
     config = {"train_micro_batch_size_per_gpu": MICRO,
               "optimizer": {"type": "AdamW", "params": {"lr": LR}},
               "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
@@ -104,7 +108,8 @@ def _train(leaf_spec):
             [type(m).__name__ for m in get_z3_leaf_modules(engine.module)])
 
 
-@pytest.mark.parametrize("leaf_spec", ["MoEBlock", MoEBlock], ids=["by-name", "by-class"])
+@pytest.mark.parametrize("leaf_spec", ["MoEBlock", MoEBlock, "named:moe"],
+                         ids=["by-class-name", "by-class", "by-module-name"])
 def test_uneven_expert_routing_trains_like_the_reference(dist_pool, leaf_spec):
     expected = _reference(2)
     for params, marked, leaves in dist_pool.run(_train, args=(leaf_spec,)):
@@ -142,3 +147,21 @@ def test_marking_errors_name_what_was_asked():
     assert not z3_leaf_parameter(model.inp.weight)
     assert unset_z3_leaf_modules(model, [MoEBlock]) == [model.moe]
     assert get_z3_leaf_modules(model) == [] and not z3_leaf_parameter(model.moe.experts[0].up.bias)
+
+
+def test_marking_by_module_name():
+    from deepspeed.utils import (get_z3_leaf_modules, set_z3_leaf_modules_by_name,
+                                 z3_leaf_parameter)
+
+    model = _model()
+    assert set_z3_leaf_modules_by_name(model, ["moe.experts.1", "moe.experts.0"]) == \
+        [model.moe.experts[1], model.moe.experts[0]]
+    assert get_z3_leaf_modules(model) == [model.moe.experts[0], model.moe.experts[1]]
+    assert z3_leaf_parameter(model.moe.experts[0].up.weight)
+    with pytest.raises(ValueError, match=r"no module named \['moe.router'\]"):
+        set_z3_leaf_modules_by_name(model, ["moe.router", "inp"])
+    assert not z3_leaf_parameter(model.inp.weight)  # nothing marked when a name is missing
+    assert set_z3_leaf_modules_by_name(model, ["moe.router", "inp"],
+                                       raise_if_not_found=False) == [model.inp]
+    set_z3_leaf_modules_by_name(model, "inp", flag=False)
+    assert not z3_leaf_parameter(model.inp.weight)

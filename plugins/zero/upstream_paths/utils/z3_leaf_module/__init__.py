@@ -6,8 +6,8 @@ this folder onto upstream's name (see UPSTREAM_PATHS there). The functions are a
 entry-point group ``deepspeed.exports.utils``.
 """
 from deepspeed.zero.z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modules,
-                                           unset_z3_leaf_modules, z3_leaf_module,
-                                           z3_leaf_parameter)
+                                           set_z3_leaf_modules_by_name, unset_z3_leaf_modules,
+                                           z3_leaf_module, z3_leaf_parameter)
 
-__all__ = ["get_z3_leaf_modules", "set_z3_leaf_modules", "unset_z3_leaf_modules",
-           "z3_leaf_module", "z3_leaf_parameter"]
+__all__ = ["get_z3_leaf_modules", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name",
+           "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]

@@ -1,9 +1,11 @@
-"""CPU core lists and NUMA topology for `--bind_cores_to_rank`.
+"""CPU core lists and NUMA topology (`deepspeed.utils.numa`), for `--bind_cores_to_rank`.
 
 Several CPU ranks on one machine fight over cores and memory bandwidth unless each is pinned to
 its own cores (and its memory to the matching NUMA node). This module decides which cores each
 local rank gets and how to pin it: a `numactl` prefix when numactl is installed, else an affinity
-mask the launcher applies in the child before exec.
+mask the launcher applies in the child before exec. The functions at the end carry upstream's
+names (`get_numa_cores`, `parse_range_list`, `get_numactl_cmd`, ...) for launch scripts written
+against it. Standard library only: the launcher imports it in processes that never load torch.
 """
 import glob
 import os
@@ -130,14 +132,54 @@ def rank_core_assignment(num_local_ranks, core_list=None):
     return split_cores(cores, num_local_ranks)
 
 
-def numactl_prefix(cores):
-    """`numactl -C <cores> [-m <nodes>]` for one rank, or None when numactl is not installed."""
-    numactl = shutil.which("numactl")
-    if numactl is None:
-        return None
-    prefix = [numactl, "-C", format_core_list(cores)]
+def _numactl_command(numactl, cores):
+    """`<numactl> -C <cores> [-m <the NUMA nodes holding them>]`."""
+    command = [numactl, "-C", format_core_list(cores)]
     nodes = sorted(node for node, node_cores in numa_nodes().items()
                    if set(cores) & set(node_cores))
     if nodes:
-        prefix += ["-m", ",".join(str(n) for n in nodes)]
-    return prefix
+        command += ["-m", ",".join(str(n) for n in nodes)]
+    return command
+
+
+def numactl_prefix(cores):
+    """`numactl -C <cores> [-m <nodes>]` for one rank, or None when numactl is not installed."""
+    numactl = shutil.which("numactl")
+    return None if numactl is None else _numactl_command(numactl, cores)
+
+
+# ---------------------------------------------------------------- upstream's names
+def get_numa_cores():
+    """The cores of each NUMA node, node by node (`[[0, 1, ...], [28, 29, ...]]`); one list of
+    every available core when the kernel exposes no NUMA topology."""
+    nodes = numa_nodes()
+    return list(nodes.values()) if nodes else [available_cores()]
+
+
+def check_for_numactl_pkg():
+    """Whether `numactl` is installed; when not, says how to install it and returns False."""
+    if shutil.which("numactl") is not None:
+        return True
+    print("numactl is not installed; install it for NUMA-aware core binding "
+          "(e.g. 'apt-get install numactl' or 'yum install numactl')")
+    return False
+
+
+def parse_range(rng):
+    """`"3-5"` -> `[3, 4, 5]`, `"7"` -> `[7]`."""
+    return parse_core_list(rng, flag="range")
+
+
+def parse_range_list(range_str):
+    """`"0-3,8,10-11"` -> the ascending distinct core ids; a core listed twice is an error."""
+    return parse_core_list(range_str, flag="range list")
+
+
+def get_numactl_cmd(bind_core_list, num_local_procs, local_rank):
+    """`(cores per rank, ["numactl", "-C", <this rank's cores>, "-m", <their nodes>])` for local
+    rank `local_rank` of `num_local_procs`, sharing out `bind_core_list` (text like `"0-13"`, or
+    None for this machine's cores) as `--bind_cores_to_rank` does."""
+    if not 0 <= local_rank < num_local_procs:
+        raise ValueError(f"local_rank {local_rank} is not one of {num_local_procs} local ranks")
+    cores = rank_core_assignment(num_local_procs, bind_core_list)[local_rank]
+    return len(cores), _numactl_command("numactl", cores)

@@ -1,3 +1,0 @@
-"""Upstream package ``deepspeed.runtime.fp16``: here only as the parent of ``onebit`` (the
-1-bit optimizers' upstream home). Should core ever need ``deepspeed.runtime.fp16.*`` (the
-loss scaler's upstream path), this package moves to core and onebit keeps the ``onebit`` folder."""
