@@ -25,6 +25,7 @@ from deepspeed.launcher.plugin_commands import (add_plugin_arguments, check_one_
                                                 given_plugin_flags, missing_plugin_flag,
                                                 missing_plugin_problem, run_plugin_command)
 from deepspeed.utils.logging import logger
+from deepspeed.utils.progress import progress
 
 # accelerate (`accelerate launch` with DeepSpeed) imports this name from here, as upstream's runner has it
 DEEPSPEED_ENVIRONMENT_NAME = C.DEEPSPEED_ENVIRONMENT_NAME
@@ -243,7 +244,9 @@ def local_launch_cmd(args, world_info, node_rank):
 
 
 def check_ssh(hosts, ssh_port):
-    for host in hosts:
+    """Passwordless ssh to every host, one at a time (up to 10 s each on an unreachable one: a
+    progress bar over the hosts on a terminal)."""
+    for host in progress(hosts, desc="checking ssh to the hosts", unit="host", leave=False):
         cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
         if ssh_port is not None:
             cmd += ["-p", str(ssh_port)]
