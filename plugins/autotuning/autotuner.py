@@ -50,6 +50,9 @@ def dotted_get(config: dict, key: str):
 
 class Autotuner:
     def __init__(self, args, argv: List[str]):
+        from deepspeed.launcher.runner import check_user_script
+
+        check_user_script(args)  # every experiment would run it
         self.bar = None  # counts experiments while the search runs (drawn on a terminal only)
         self.mode = args.autotuning
         self.command = jobs.split_command(args, argv)

@@ -50,3 +50,14 @@ def test_experiments_are_counted_on_a_terminal_and_plotted(tmp_path, monkeypatch
     drawn = bars(ax)
     assert dict(drawn) == {f"z0_gas1_tmbspg{mbs}": value for mbs, value in THROUGHPUT.items()}
     assert marked_points(ax) == [(30.0, [label for label, _ in drawn].index("z0_gas1_tmbspg2"))]
+
+
+def test_a_missing_script_stops_before_any_experiment(tmp_path, monkeypatch):
+    import pytest
+
+    (tmp_path / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": [1, 2]}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(jobs, "run_job", lambda *a, **k: pytest.fail("an experiment ran"))
+    argv = ["--autotuning", "tune", "--num_gpus", "1", "trian.py", "--deepspeed", "ds.json"]
+    with pytest.raises(runner.LauncherError, match="the user script 'trian.py' does not exist"):
+        Autotuner(runner.parse_args(argv), argv)
