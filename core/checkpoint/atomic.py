@@ -103,6 +103,23 @@ def write_file_atomically(path, write):
     _write_atomically(path, write)
 
 
+def write_path_atomically(path, write_to):
+    """Write ``path`` all-or-nothing with ``write_to(temporary_path)``, for writers that only
+    take a file name (the ``safetensors`` library)."""
+    path = os.fspath(path)
+    tmp = temporary_name(path)
+    try:
+        write_to(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(os.path.dirname(path))
+
+
 def atomic_write_text(path, text):
     """Write ``text`` (UTF-8) to ``path`` all-or-nothing; used for the ``latest`` tag file."""
     data = text.encode("utf-8")
