@@ -8,7 +8,7 @@ The exit status is the launcher's, so a failed rank fails the `deepspeed` comman
 """
 import argparse
 import difflib
-import importlib.util
+import importlib.machinery
 import os
 import shlex
 import shutil
@@ -187,11 +187,11 @@ def missing_script_problem(args):
     program (a path or a name on PATH), otherwise a Python file."""
     script = args.user_script
     if args.module:
-        try:
-            found = importlib.util.find_spec(script) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
+        # ``python -m`` in the ranks searches their cwd (this one) first; only the top-level
+        # package is looked up, so nothing of the user's is imported here
+        top = script.split(".", 1)[0]
+        found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()] + sys.path)
+        if found is None:
             return (f"--module: no module named '{script}' can be imported from "
                     f"{os.getcwd()} (python -m {script} would fail)")
         return None

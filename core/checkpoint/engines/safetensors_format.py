@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import torch
 
-from deepspeed.checkpoint.atomic import CheckpointFormatError
+from deepspeed.checkpoint.errors import CheckpointFormatError
 
 FORMAT_KEY = "format"
 FORMAT_VALUE = "pt"  # what Hugging Face tools expect in a torch-written safetensors file
