@@ -21,7 +21,6 @@ import math
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
 
 import torch
 

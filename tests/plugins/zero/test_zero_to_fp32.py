@@ -296,7 +296,7 @@ def test_progress_bars_on_a_terminal_only(saved, tmp_path, monkeypatch):
         text = stream.getvalue()
         shards = len(written) - 1  # and the index
         assert ("reading ZeRO partitions" in text
-                and f"writing shards: 100%" in text and f"{shards}/{shards}" in text) == drawn
+                and "writing shards: 100%" in text and f"{shards}/{shards}" in text) == drawn
         assert drawn or text == ""
 
 
