@@ -8,7 +8,7 @@ the plugins the config enables, and the engine itself.
 import argparse
 
 from deepspeed import comm as dist
-from deepspeed.config import DeepSpeedConfig
+from deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
 from deepspeed.engine import DeepSpeedEngine
 from deepspeed.plugin_manager import PluginCatalog
 
@@ -46,9 +46,23 @@ def _config_source(args, config, config_params):
         "Not sure how to proceed, we were given deepspeed configs in the deepspeed arguments " \
         "and deepspeed.initialize() function call"
     source = config if config is not None else from_args
-    assert source is not None, \
-        "DeepSpeed requires --deepspeed_config to specify configuration file"
+    if source is None:
+        raise DeepSpeedConfigError(no_config_problem(args))
     return source
+
+
+def no_config_problem(args) -> str:
+    """What to do when ``deepspeed.initialize`` got no config at all: the three ways to pass
+    one, the one the caller was closest to first."""
+    ways = ("pass one to deepspeed.initialize(config=...) as a dict or the path of a JSON file, "
+            "e.g. config={\"train_batch_size\": 8, \"optimizer\": {\"type\": \"Adam\", "
+            "\"params\": {\"lr\": 1e-3}}}")
+    if args is not None and hasattr(args, "deepspeed_config"):
+        return ("no DeepSpeed config was given: args.deepspeed_config is None. Run the script "
+                "with --deepspeed_config ds_config.json (the flag deepspeed.add_config_arguments "
+                f"adds to your parser), or {ways}")
+    return (f"no DeepSpeed config was given: {ways}; or parse --deepspeed_config with "
+            f"deepspeed.add_config_arguments(parser) and pass args=parser.parse_args()")
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,

@@ -404,8 +404,10 @@ class DeepSpeedEngine(torch.nn.Module):
         current, average = self.throughput.report()
         loss = None if self._last_loss is None else \
             self._last_loss.item() * self.gradient_accumulation_steps()
-        return (f"step={self.global_steps}, skipped={self.skipped_steps}, lr={self.get_lr()}, "
-                f"loss={loss}, samples/sec={current:.2f} (avg {average:.2f})")
+        lrs = ", ".join(f"{lr:.4g}" for lr in self.get_lr())
+        return (f"step={self.global_steps}, skipped={self.skipped_steps}, lr=[{lrs}], "
+                f"loss={'None' if loss is None else f'{loss:.4g}'}, "
+                f"samples/sec={current:.2f} (avg {average:.2f})")
 
     # ------------------------------------------------------------------ queries and switches
     @contextmanager

@@ -69,7 +69,29 @@ def _toolchain_lines():
             _dots("torch extensions dir", ext_dir)]
 
 
-def op_report(warnings):
+def op_table(rows, show_reasons=True):
+    """The op table: the values of each column start in one column on every row and under
+    their header (``[YES]`` and ``[NO]`` alike), whatever the lengths of the names."""
+    name_width = max([len("op name")] + [len(row[0]) for row in rows]) + 4
+    installed_width = len("installed") + 3
+
+    def line(name, installed, compatible):
+        return (f"{name} ".ljust(name_width, ".") + " " + f"{installed} ".ljust(installed_width, ".")
+                + " " + compatible)
+
+    lines = [line("op name", "installed", "compatible"), "-" * WIDTH]
+    if not rows:
+        lines.append("(no op builders are registered in 'deepspeed.op_builders')")
+    for name, installed, compatible, reason, provider in rows:
+        lines.append(line(name, installed, compatible))
+        if not provider.startswith("deepspeed."):
+            lines.append(f"    provided by {provider}")
+        if reason and show_reasons:
+            lines.append(f"    reason: {reason}")
+    return lines
+
+
+def op_report(warnings, show_reasons=True):
     lines = ["-" * WIDTH, "DeepSpeed C++/CUDA extension op report", "-" * WIDTH,
              "NOTE: Ops not installed will be just-in-time (JIT) compiled at runtime if needed.",
              "      Op compatibility means that your system meets the required dependencies",
@@ -81,19 +103,12 @@ def op_report(warnings):
     lines.extend(_toolchain_lines())
     lines.append("-" * WIDTH)
     rows = _op_rows(warnings)
-    lines.append(f"{'op name':<28}{'installed':>14}{'compatible':>18}")
-    lines.append("-" * WIDTH)
-    if not rows:
-        lines.append("(no op builders are registered in 'deepspeed.op_builders')")
-    for name, installed, compatible, reason, provider in rows:
-        lines.append(f"{name:.<28}{installed:.>14}{compatible:.>18}")
-        if not provider.startswith("deepspeed."):
-            lines.append(f"    provided by {provider}")
-        if reason:
-            lines.append(f"    reason: {reason}")
-        if name == "async_io":
-            lines.append(f"    engine: {_aio_engine(warnings)}")
-    return lines
+    table = op_table(rows, show_reasons)
+    for index, row in enumerate(list(table)):  # which I/O engine async_io builds with
+        if row.startswith("async_io "):
+            table.insert(index + 1, f"    engine: {_aio_engine(warnings)}")
+            break
+    return lines + table
 
 
 def _aio_engine(warnings):
@@ -177,7 +192,7 @@ def main(hide_operator_status=False, hide_errors_and_warnings=False):
     warnings = []
     sections = []
     if not hide_operator_status:
-        sections.append(op_report(warnings))
+        sections.append(op_report(warnings, show_reasons=not hide_errors_and_warnings))
     sections.append(environment_report(warnings))
     sections.append(plugin_report(warnings))
     for lines in sections:
@@ -196,7 +211,8 @@ def cli_main(argv=None):
     parser.add_argument("--hide_operator_status", action="store_true",
                         help="Suppress the op compatibility table.")
     parser.add_argument("--hide_errors_and_warnings", action="store_true",
-                        help="Suppress warning and error messages.")
+                        help="Suppress warning and error messages (the closing warnings and "
+                             "each incompatible op's reason).")
     args = parser.parse_args(argv)
     return main(args.hide_operator_status, args.hide_errors_and_warnings)
 

@@ -15,12 +15,12 @@
 
 Plugins wrap the result (ZeRO, 1-bit) through ``deepspeed_wrap_optimizer``.
 """
-import inspect
 from typing import Dict, Optional
 
 import torch
 
 from deepspeed.config import DeepSpeedConfigError
+from deepspeed.config.call_params import check_call_params
 from deepspeed.config.errors import closest_key
 from deepspeed.utils.logging import logger
 
@@ -86,16 +86,13 @@ def build_optimizer(client_optimizer, config, model_parameters, plugin_builder=N
 
 
 def construct(cls, model_parameters, options: Dict):
-    """``cls(model_parameters, **options)``, with an unknown option reported as the config key
-    it came from instead of a TypeError from deep inside the constructor."""
-    signature = inspect.signature(cls.__init__)
-    accepted = [p.name for p in list(signature.parameters.values())[2:]
-                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-    unknown = [k for k in options if k not in accepted]
-    if unknown and not takes_any:
-        raise DeepSpeedConfigError([f"optimizer.params.{k}: not a parameter of {cls.__name__}; "
-                                    f"allowed: {', '.join(accepted)}" for k in unknown])
+    """``cls(model_parameters, **options)``, with every option first checked against the
+    constructor's signature: an unknown key (with the closest valid one) or a value of the
+    wrong kind (``lr: "1e-3x"``) is reported with its config key path, all at once, instead of
+    a TypeError from deep inside the constructor."""
+    problems = check_call_params(cls, options, ("optimizer", "params"), owner=cls.__name__)
+    if problems:
+        raise DeepSpeedConfigError(problems)
     return cls(model_parameters, **options)
 
 
@@ -176,7 +173,7 @@ def _mup(params, options, on_host, key):
         raise DeepSpeedConfigError(f"optimizer.type '{key}' needs the 'mup' package "
                                    f"(pip install mup)") from None
     cls = {MUADAM_OPTIMIZER: "MuAdam", MUADAMW_OPTIMIZER: "MuAdamW", MUSGD_OPTIMIZER: "MuSGD"}[key]
-    return getattr(mup, cls)(params, **options)
+    return construct(getattr(mup, cls), params, options)
 
 
 def _cpu_adam(params, options, on_host, key):

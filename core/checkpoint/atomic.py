@@ -19,15 +19,13 @@ from collections.abc import Mapping
 
 import torch
 
+from deepspeed.checkpoint.errors import CheckpointFormatError
+
 _TMP_MARK = ".tmp-"
 # The checkpoint engine a ``save_checkpoint`` call writes through: plugins write their files
 # with ``atomic_torch_save`` from inside the save hooks, and those files must go the same way
 # (same format, same background writer) as the core's own.
 _ACTIVE_WRITER = contextvars.ContextVar("deepspeed_checkpoint_writer", default=None)
-
-
-class CheckpointFormatError(ValueError):
-    """A state cannot be stored in, or read from, a weights-only checkpoint file."""
 
 
 def temporary_name(path):
@@ -53,20 +51,11 @@ def _fsync_directory(directory):
 
 
 def _write_atomically(path, write):
-    path = os.fspath(path)
-    tmp = temporary_name(path)
-    try:
+    def write_to(tmp):
         with open(tmp, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # leave no half-written temporary behind; the final name was never touched
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(os.path.dirname(path))
+
+    write_path_atomically(path, write_to)
 
 
 @contextlib.contextmanager
@@ -101,6 +90,25 @@ def write_torch_file(obj, path, check=True):
 def write_file_atomically(path, write):
     """Write ``path`` all-or-nothing with ``write(binary_file)``; for other file formats."""
     _write_atomically(path, write)
+
+
+def write_path_atomically(path, write_to):
+    """Write ``path`` all-or-nothing with ``write_to(temporary_path)`` (the one implementation
+    behind every writer here; also for writers that only take a file name, such as the
+    ``safetensors`` library): the temporary is fsynced, renamed, and the rename fsynced."""
+    path = os.fspath(path)
+    tmp = temporary_name(path)
+    try:
+        write_to(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # leave no half-written temporary behind; the final name was never touched
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(os.path.dirname(path))
 
 
 def atomic_write_text(path, text):

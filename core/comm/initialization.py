@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from deepspeed.comm import env_discovery, observers, state
 from deepspeed.comm.errors import mentions_port_in_use, port_in_use_error
-from deepspeed.utils.logging import logger
+from deepspeed.utils.logging import log_per_node, logger
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_PORT = 29500
@@ -116,8 +116,8 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         discover_environment(distributed_port=distributed_port, verbose=verbose)
     kwargs = _rank_args(init_method, rank, world_size)
     if verbose:
-        logger.info(f"Initializing torch.distributed with backend '{backend}' "
-                    f"(init_method={init_method or 'env://'}, timeout={timeout})")
+        log_per_node(f"Initializing torch.distributed with backend '{backend}' "
+                     f"(init_method={init_method or 'env://'}, timeout={timeout})")
     try:
         dist.init_process_group(backend=backend, init_method=init_method, timeout=timeout,
                                 **kwargs)

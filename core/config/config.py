@@ -108,6 +108,18 @@ class MonitorSections:
         return f"MonitorSections({', '.join(f'{k}={getattr(self, k)!r}' for k in self._keys)})"
 
 
+def _section_default(section_type):
+    """The validated value of a section written as ``{}``."""
+    from pydantic import BaseModel, TypeAdapter, ValidationError
+
+    try:
+        if isinstance(section_type, type) and issubclass(section_type, BaseModel):
+            return section_type.model_validate({})
+        return TypeAdapter(section_type).validate_python({})
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class DeepSpeedConfig:
     """A user config, validated against the core keys plus the plugin `sections`
     (default: those of every installed plugin, as ``deepspeed.initialize`` uses; ``{}``
@@ -190,13 +202,46 @@ class DeepSpeedConfig:
             resolved[key] = plain_value(value)
         return resolved
 
-    def print(self, name: str = "DeepSpeedEngine") -> None:
-        """Log every resolved key once, on rank 0, as `  key ....... value` lines."""
-        from deepspeed.utils.logging import log_dist
+    def default_dict(self) -> Dict[str, Any]:
+        """What ``to_dict`` would hold for a config that sets nothing: the core defaults, and
+        for each section given, that section's own defaults (empty when it has required keys)."""
+        defaults = CoreConfig().to_dict()
+        defaults["gradient_accumulation_steps"] = 1  # what the batch triangle resolves by default
+        for key in self._plugins:
+            try:
+                defaults[key] = plain_value(_section_default(self._section_types[key]))
+            except ValueError:  # a section with required keys has no default to compare to
+                defaults[key] = {}
+        return defaults
 
-        items = sorted(flatten(self.to_dict()))
-        width = max(len(key) for key, _ in items) + 3
-        lines = [f"{name} configuration:"]
+    def print(self, name: str = "DeepSpeedEngine", full: Optional[bool] = None) -> None:
+        """Log the resolved config once, on rank 0, as `  key ....... value` lines.
+
+        By default only the keys whose value differs from its default are listed (a section
+        given with nothing changed shows as ``(defaults)``), so the dump says what this run
+        changed; ``full`` (default: ``dump_state: true`` or the DEBUG log level) lists every
+        key."""
+        import logging
+
+        from deepspeed.utils.logging import log_dist, logger
+
+        if full is None:
+            full = bool(self.core.dump_state) or logger.isEnabledFor(logging.DEBUG)
+        resolved = self.to_dict()
+        items = sorted(flatten(resolved))
+        if full:
+            title = f"{name} configuration:"
+        else:
+            defaults = dict(flatten(self.default_dict()))
+            items = [(key, value) for key, value in items
+                     if key not in defaults or defaults[key] != value]
+            shown = {key.split(".")[0] for key, _ in items}
+            items += [(key, "(defaults)") for key in self._plugins if key not in shown]
+            items.sort()
+            title = (f"{name} configuration (keys that differ from their defaults; all keys "
+                     f"with dump_state: true or DS_LOG_LEVEL=debug):")
+        lines = [title]
+        width = max((len(key) for key, _ in items), default=0) + 3
         for key, value in items:
             lines.append(f"  {key} {'.' * (width - len(key))} {value}")
         log_dist("\n".join(lines), ranks=[0])

@@ -197,6 +197,17 @@ def shell_exit_code(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
+def describe_started(procs):
+    """One line for the workers this node started (one line per rank would repeat itself N
+    times): their global ranks, pids and, when bound, cores."""
+    parts = []
+    for spec, proc in procs:
+        cores = f" on cores {core_binding.format_core_list(spec.cores)}" if spec.cores else ""
+        parts.append(f"{spec.global_rank} (pid {proc.pid}{cores})")
+    noun = "rank" if len(parts) == 1 else "ranks"
+    return f"started {noun} {', '.join(parts)} on this node"
+
+
 class WorkerGroup:
     """Starts the workers of one node and tears all of them down as soon as one fails."""
 
@@ -232,10 +243,8 @@ class WorkerGroup:
                 self.terminate_all()
                 raise RuntimeError(f"could not start rank {spec.global_rank} with command "
                                    f"{spec.cmd}: {err}") from err
-            logger.info(f"started rank {spec.global_rank} (local rank {spec.local_rank}, "
-                        f"pid {proc.pid})" + (f" on cores {core_binding.format_core_list(spec.cores)}"
-                                              if spec.cores else ""))
             self.procs.append((spec, proc))
+        logger.info(describe_started(self.procs))
 
     def forward_signal(self, signum, _frame=None):
         """Signal handler: pass SIGINT/SIGTERM on to every worker still running."""

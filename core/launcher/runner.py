@@ -7,6 +7,8 @@ command (pdsh, MPI, SLURM) and run it. `--dry_run` prints the command(s) instead
 The exit status is the launcher's, so a failed rank fails the `deepspeed` command.
 """
 import argparse
+import difflib
+import importlib.machinery
 import os
 import shlex
 import shutil
@@ -28,6 +30,7 @@ from deepspeed.launcher.plugin_commands import (add_plugin_arguments, check_one_
                                                 given_plugin_flags, missing_plugin_flag,
                                                 missing_plugin_problem, run_plugin_command)
 from deepspeed.utils.logging import logger
+from deepspeed.utils.progress import progress
 
 # accelerate (`accelerate launch` with DeepSpeed) imports this name from here, as upstream's runner has it
 DEEPSPEED_ENVIRONMENT_NAME = C.DEEPSPEED_ENVIRONMENT_NAME
@@ -37,10 +40,36 @@ class LauncherError(RuntimeError):
     """The launch cannot proceed on this machine (missing tool, unreachable host, no devices)."""
 
 
+class RunnerArgumentParser(FlagRecordingParser):
+    """argparse that answers an unknown flag with the closest known one (``--num_gpu`` ->
+    ``--num_gpus``): argparse's own abbreviations are off (unambiguous prefixes are expanded by
+    ``flag_prefixes`` before the user script only), so a near miss would otherwise only be
+    "unrecognized"."""
+
+    def error(self, message):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            tokens = message[len(prefix):].split()
+            message = prefix + " ".join(self._with_hint(token) for token in tokens)
+        super().error(message)
+
+    def close_flag(self, token):
+        """The known flag an unknown ``--flag`` (or ``--flag=value``) most likely meant."""
+        if not token.startswith("-"):
+            return None
+        known = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        guess = difflib.get_close_matches(token.split("=", 1)[0], known, n=1, cutoff=0.75)
+        return guess[0] if guess else None
+
+    def _with_hint(self, token):
+        guess = self.close_flag(token)
+        return f"{token} (did you mean {guess}?)" if guess else token
+
+
 def build_parser():
     # unambiguous prefixes of these flags are accepted before the user script only
     # (deepspeed.launcher.flag_prefixes: argparse's own matching would read the script's flags)
-    parser = FlagRecordingParser(
+    parser = RunnerArgumentParser(
         prog="deepspeed",
         description="DeepSpeed runner: starts a distributed training job on one or more nodes.")
     parser.add_argument("-H", "--hostfile", type=str, default=None,
@@ -152,6 +181,59 @@ def validate_args(args):
                          f"cannot be combined with it")
 
 
+def _script_candidates(script):
+    """Files next to where ``script`` should be whose names are close to its name."""
+    directory = os.path.dirname(script) or "."
+    try:
+        names = [n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n))]
+    except OSError:
+        return []
+    close = difflib.get_close_matches(os.path.basename(script), names, n=3, cutoff=0.6)
+    return [os.path.join(os.path.dirname(script), n) for n in close]
+
+
+def missing_script_problem(args):
+    """Why the user script cannot start on this machine, or None: checked once here instead of
+    letting every rank fail on it. ``--module`` names a module to find, ``--no_python`` a
+    program (a path or a name on PATH), otherwise a Python file."""
+    script = args.user_script
+    if args.module:
+        # ``python -m`` in the ranks searches their cwd (this one) first; only the top-level
+        # package is looked up, so nothing of the user's is imported here
+        top = script.split(".", 1)[0]
+        found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()] + sys.path)
+        if found is None:
+            return (f"--module: no module named '{script}' can be imported from "
+                    f"{os.getcwd()} (python -m {script} would fail)")
+        return None
+    if args.no_python and shutil.which(script) is not None:
+        return None
+    if os.path.isfile(script):
+        return None
+    where = os.path.abspath(script)
+    if os.path.isdir(script):
+        return f"the user script '{script}' is a directory ({where}), not a file"
+    guesses = _script_candidates(script)
+    hint = f"; did you mean {' or '.join(repr(g) for g in guesses)}?" if guesses else ""
+    kind = "program" if args.no_python else "script"
+    return f"the user {kind} '{script}' does not exist ({where}){hint}"
+
+
+def check_user_script(args, remote=False):
+    """Stop before any rank starts when the script is missing here. A dry run only warns (it
+    starts nothing), and so does a launch whose ranks all run on other hosts, which may see
+    another file system."""
+    problem = missing_script_problem(args)
+    if problem is None:
+        return
+    if args.dry_run:
+        logger.warning(f"{problem}: a real run would stop here")
+    elif remote:
+        logger.warning(f"{problem} on this machine; the ranks on the other hosts will need it")
+    else:
+        raise LauncherError(f"{problem} (no rank was started)")
+
+
 def _accelerator():
     from deepspeed.accelerator import get_accelerator
 
@@ -212,6 +294,16 @@ def local_resource_pool():
     return OrderedDict(localhost=count), None
 
 
+def oversubscription_warning(host, ranks, cores):
+    """What happens when more CPU ranks than cores are asked for: they start anyway (a valid
+    way to test many ranks on one machine), sharing the cores."""
+    threads = max(1, cores // ranks)
+    return (f"--num_gpus {ranks} asks for {ranks} CPU ranks but host '{host}' has {cores} "
+            f"core(s): starting {ranks} ranks anyway, {threads} thread(s) each (OMP_NUM_THREADS), "
+            f"about {ranks / cores:.3g} ranks per core, so each step will be slower than with "
+            f"--num_gpus {cores} or fewer")
+
+
 def select_resources(args, pool, local_default=None, pool_is_cpu=None):
     """Filter `pool` into the `{host: [slots]}` that will run workers.
 
@@ -234,6 +326,7 @@ def select_resources(args, pool, local_default=None, pool_is_cpu=None):
             if not pool_is_cpu:
                 raise ValueError(f"--num_gpus {args.num_gpus} but host '{host}' has only "
                                  f"{len(slots)} slot(s)")
+            logger.warning(oversubscription_warning(host, args.num_gpus, len(slots)))
             active[host] = list(range(args.num_gpus))
     elif local_default is not None and not (args.include or args.exclude):
         active = OrderedDict((host, slots[:local_default]) for host, slots in active.items())
@@ -253,7 +346,9 @@ def local_launch_cmd(args, world_info, node_rank):
 
 
 def check_ssh(hosts, ssh_port):
-    for host in hosts:
+    """Passwordless ssh to every host, one at a time (up to 10 s each on an unreachable one: a
+    progress bar over the hosts on a terminal)."""
+    for host in progress(hosts, desc="checking ssh to the hosts", unit="host", leave=False):
         cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
         if ssh_port is not None:
             cmd += ["-p", str(ssh_port)]
@@ -329,6 +424,7 @@ def _run_here(args, env, deepspeed_env, active, world_info, launcher_given):
                             ("--venv_script", args.venv_script), ("--ssh_port", args.ssh_port)):
             if given:
                 logger.warning(f"{flag} only applies to multi-node launches; ignoring it")
+    check_user_script(args)  # this node's ranks run it
     cmd = local_launch_cmd(args, world_info, node_rank)
     if args.dry_run:
         from deepspeed.launcher import launch
@@ -347,6 +443,7 @@ def _run_multi_node(args, env, deepspeed_env, pool, active, world_info):
                                     exports_for_remote(env, deepspeed_env, os.path.abspath(".")),
                                     _accelerator().visible_devices_envs())
     runner.validate()
+    check_user_script(args, remote=True)
     cmd = runner.get_cmd()
     run_env = runner.get_env(env)
     if args.dry_run:
@@ -378,7 +475,7 @@ def _main(argv=None):
     validate_args(args)
     if args.enable_each_rank_log:
         args.enable_each_rank_log = os.path.abspath(args.enable_each_rank_log)
-    if args.plugin_flags:
+    if args.plugin_flags:  # the plugin checks its flags, then the script (check_user_script)
         return run_plugin_command(args, args.command_line, args.plugin_flags,
                                   error_type=LauncherError)
 

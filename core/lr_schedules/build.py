@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 import torch
 
-from deepspeed.config.errors import DeepSpeedConfigError, closest_key, unknown_key_problem
+from deepspeed.config.call_params import check_call_params
+from deepspeed.config.errors import DeepSpeedConfigError, closest_key
 from deepspeed.lr_schedules._base import resolve_optimizer
 from deepspeed.lr_schedules.constants import VALID_LR_SCHEDULES
 from deepspeed.lr_schedules.one_cycle import OneCycle
@@ -54,18 +55,9 @@ def get_lr_scheduler_class(name):
 
 
 def _check_params(cls, name, params):
-    """Every key is a constructor argument, every required argument is given."""
-    signature = inspect.signature(cls.__init__)
-    arguments = list(signature.parameters.values())[2:]  # drop self, optimizer
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in arguments)
-    allowed = [p.name for p in arguments if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    problems = []
-    if not takes_any:
-        problems += [unknown_key_problem(("scheduler", "params", key), allowed)
-                     for key in params if key not in allowed]
-    problems += [f"scheduler.params.{p.name}: required by {name} but missing"
-                 for p in arguments if p.name in allowed and p.default is p.empty
-                 and p.name not in params]
+    """Every key is a constructor argument holding a value of the right kind, every required
+    argument is given (see ``deepspeed.config.call_params``)."""
+    problems = check_call_params(cls, params, ("scheduler", "params"), owner=name, require=True)
     if problems:
         raise DeepSpeedConfigError(problems)
 

@@ -54,6 +54,18 @@ def current_rank():
     return int(os.environ.get("RANK", "0"))
 
 
+def local_rank():
+    """This process's rank on its node: the launcher's ``LOCAL_RANK`` (0 without one)."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
+def log_per_node(message, level=logging.INFO):
+    """Log `message` from local rank 0 only: start-up facts that are the same for every process
+    of a node (the backend, a native op's SIMD level) are said once per node, not once per rank."""
+    if local_rank() == 0:
+        logger.log(level, message, stacklevel=2)
+
+
 def log_dist(message, ranks=(0,), level=logging.INFO):
     """Log `message` on the given ranks only; `ranks=None` or containing -1 means every rank."""
     rank = current_rank()

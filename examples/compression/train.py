@@ -25,11 +25,15 @@ from deepspeed import comm as dist
 from deepspeed.compression.compress import init_compression, redundancy_clean
 from deepspeed.compression.export import pack_int8
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import require  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEQ, VOCAB = 8, 50
 
 
 def build_bert(intermediate=128):
+    require("transformers")
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)

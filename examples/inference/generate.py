@@ -13,13 +13,19 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 import torch
-import transformers as tf
 
-import deepspeed
-from deepspeed.inference.checkpoint import empty_init
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import require  # noqa: E402
+
+require("transformers")
+import transformers as tf  # noqa: E402
+
+import deepspeed  # noqa: E402
+from deepspeed.inference.checkpoint import empty_init  # noqa: E402
 
 
 def build(name):

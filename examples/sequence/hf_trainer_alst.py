@@ -15,9 +15,14 @@ import os
 import sys
 
 import torch
-from accelerate.parallelism_config import ParallelismConfig
-from accelerate.utils import DeepSpeedSequenceParallelConfig
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import require  # noqa: E402
+
+require("transformers", "accelerate")
+from accelerate.parallelism_config import ParallelismConfig  # noqa: E402
+from accelerate.utils import DeepSpeedSequenceParallelConfig  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
 
 output_dir = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]
 SEQ, STEPS, LR = 32, 4, 1e-2

@@ -8,16 +8,23 @@ hidden-state offload, under ZeRO-3. Each step prints the loss and the peak tenso
 rank allocated during the step (measured by deepspeed.sequence.memory.TrackedTensorMemory).
 """
 import argparse
+import os
+import sys
 
 import torch
 import torch.distributed.nn.functional as dnn
-from transformers import LlamaConfig, LlamaForCausalLM
 
-import deepspeed
-from deepspeed.runtime.sequence_parallel.ulysses_sp import (
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import require  # noqa: E402
+
+require("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import deepspeed  # noqa: E402
+from deepspeed.runtime.sequence_parallel.ulysses_sp import (  # noqa: E402
     UlyssesSPAttentionHF, get_checkpoint_hidden_states_offloading_ctx_manager)
-from deepspeed.sequence.alst import register_fpdt_attention, tile_mlps, tiled_causal_lm_loss
-from deepspeed.sequence.memory import measure
+from deepspeed.sequence.alst import register_fpdt_attention, tile_mlps, tiled_causal_lm_loss  # noqa: E402
+from deepspeed.sequence.memory import measure  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seq", type=int, default=16384)

@@ -12,10 +12,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import global_mean, positive_int  # noqa: E402
+from common import global_mean, positive_int, require  # noqa: E402
+
+require("transformers")
+import transformers  # noqa: E402
 
 import deepspeed  # noqa: E402
 from deepspeed.ops.sparse_attention import SparseAttentionUtils  # noqa: E402

@@ -11,12 +11,18 @@ single-process model loads.
 """
 import argparse
 import os
+import sys
 import tempfile
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-import deepspeed
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import require  # noqa: E402
+
+require("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import deepspeed  # noqa: E402
 
 
 def main():

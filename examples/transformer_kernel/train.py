@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import global_mean, positive_int  # noqa: E402
+from common import global_mean, positive_int, require  # noqa: E402
 
 import deepspeed  # noqa: E402
 from deepspeed.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer  # noqa: E402
@@ -48,6 +48,7 @@ class Encoder(nn.Module):
             self.layer = nn.ModuleList([copy.deepcopy(DeepSpeedTransformerLayer(config))
                                         for _ in range(config.num_hidden_layers)])
         else:
+            require("transformers")
             from transformers import BertConfig
             from transformers.models.bert.modeling_bert import BertLayer
 

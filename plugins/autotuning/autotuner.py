@@ -25,16 +25,13 @@ from deepspeed.autotuning.config import AutotuningConfig
 from deepspeed.autotuning.report import score, write_summary
 from deepspeed.autotuning.tuner import make_tuner
 from deepspeed.config.loader import load_config_source
+from deepspeed.utils.progress import progress, progress_write
 
 EXPERIMENT_KEYS = ("wall_clock_breakdown", "steps_per_print")
 
 
 class AutotuningError(RuntimeError):
     """The search could not produce a configuration (every experiment failed, ...)."""
-
-
-def _progress(text):
-    print(f"[autotuning] {text}", flush=True)
 
 
 def _clock(start):
@@ -53,12 +50,16 @@ def dotted_get(config: dict, key: str):
 
 class Autotuner:
     def __init__(self, args, argv: List[str]):
+        from deepspeed.launcher.runner import check_user_script
+
+        check_user_script(args)  # every experiment would run it
+        self.bar = None  # counts experiments while the search runs (drawn on a terminal only)
         self.mode = args.autotuning
         self.command = jobs.split_command(args, argv)
         self.user_config = load_config_source(self.command.config_path)
         raw_section = self.user_config.get("autotuning") or {}
         if not raw_section.get("enabled", False):
-            _progress("note: the config has no \"autotuning\": {\"enabled\": true}; tuning with "
+            self._say("note: the config has no \"autotuning\": {\"enabled\": true}; tuning with "
                       "the default autotuning settings")
         try:
             self.section = AutotuningConfig(**{**raw_section, "enabled": True})
@@ -81,6 +82,10 @@ class Autotuner:
         self.oom = set()  # (stage, micro-batch) that ran out of memory
         self.start = time.perf_counter()
         self.count = 0
+
+    def _say(self, text):
+        """One progress line, printed above the bar so that the bar stays in one piece."""
+        progress_write(f"[autotuning] {text}", self.bar)
 
     @staticmethod
     def _world_size(args):
@@ -140,7 +145,9 @@ class Autotuner:
             text = f"FAILED ({result.error or f'exit code {result.returncode}'}); log: " \
                    f"{result.log_path}"
         self.experiments.append(record)
-        _progress(f"[{_clock(self.start)}] experiment {self.count} {point.name}: {text}")
+        if self.bar is not None:
+            self.bar.update(1)
+        self._say(f"[{_clock(self.start)}] experiment {self.count} {point.name}: {text}")
         return None if not result.ok else score(self.section.metric, result.metrics)
 
     # -- the search -----------------------------------------------------------------------------
@@ -158,7 +165,7 @@ class Autotuner:
                                            model_info_path=info_path,
                                            start_profile_step=0, end_profile_step=1)
         section.pop("metric_path", None)
-        _progress(f"profiling the model (parameters, activation memory) on {self.world} rank(s)")
+        self._say(f"profiling the model (parameters, activation memory) on {self.world} rank(s)")
         # stage 0 sees the parameters whole (exact activation bytes); stage 3 is the fallback
         # for a model whose states do not fit unpartitioned
         for stage in (0, 3):
@@ -168,13 +175,13 @@ class Autotuner:
             result = self._run(name, config, info_path)
             if result.ok:
                 break
-            _progress(f"profiling run at ZeRO stage {stage} failed ({result.error}); log: "
+            self._say(f"profiling run at ZeRO stage {stage} failed ({result.error}); log: "
                       f"{result.log_path}")
         else:
-            _progress("tuning without memory pruning")
+            self._say("tuning without memory pruning")
             return None
         info = result.metrics
-        _progress(f"model info: {info['num_params']:,} parameters, "
+        self._say(f"model info: {info['num_params']:,} parameters, "
                   f"{info['activation_mem_per_sample'] / 2**20:.2f} MiB activations per sample, "
                   f"{info['memory_per_rank'] / 2**30:.1f} GiB memory per rank")
         return info
@@ -186,10 +193,10 @@ class Autotuner:
         if why:
             self.pruned.append({"stage": stage, "reason": why})
         if not micro_batches:
-            _progress(f"stage {stage}: pruned ({why or 'no feasible micro-batch size'})")
+            self._say(f"stage {stage}: pruned ({why or 'no feasible micro-batch size'})")
             return None
         points = sp.points_for_stage(self.space, stage, micro_batches, self.dp_world)
-        _progress(f"stage {stage}: micro-batch sizes {micro_batches}" + (f" ({why})" if why else ""))
+        self._say(f"stage {stage}: micro-batch sizes {micro_batches}" + (f" ({why})" if why else ""))
         tuner = make_tuner(self.section.tuner_type, points, self.section.tuner_num_trials,
                            self.section.tuner_early_stopping)
         too_big = lambda p: any(s == p.stage and m <= p.micro_batch for s, m in self.oom)  # noqa
@@ -198,7 +205,7 @@ class Autotuner:
         best = max(done, key=lambda item: item[1])[0] if done else None
         knob_points = sp.knob_points(self.space, best) if best is not None else []
         if knob_points:
-            _progress(f"stage {stage}: tuning ZeRO knobs at micro-batch {best.micro_batch}")
+            self._say(f"stage {stage}: tuning ZeRO knobs at micro-batch {best.micro_batch}")
             tuner = make_tuner(self.section.tuner_type, knob_points,
                                self.section.tuner_num_trials, self.section.tuner_early_stopping)
             tuner.tune(self.evaluate)
@@ -207,12 +214,19 @@ class Autotuner:
     def run_search(self):
         for directory in (self.results_dir, self.exps_dir):
             os.makedirs(directory, exist_ok=True)
-        _progress(f"mode {self.mode}: tuning ZeRO stages {self.space.stages} on {self.world} "
+        self._say(f"mode {self.mode}: tuning ZeRO stages {self.space.stages} on {self.world} "
                   f"rank(s), metric {self.section.metric}, tuner {self.section.tuner_type}; "
                   f"results in {self.results_dir}")
         model_info = self.profile()
-        for stage in self.space.stages:
-            self.tune_stage(stage, model_info)
+        # the number of experiments is not known in advance (pruning, early stopping): the bar
+        # counts them and shows the elapsed time
+        self.bar = progress(desc="autotuning experiments", unit="exp")
+        try:
+            for stage in self.space.stages:
+                self.tune_stage(stage, model_info)
+        finally:
+            self.bar.close()
+            self.bar = None
         measured = [r for r in self.experiments if r["metric_value"] is not None]
         if not measured:
             logs = "\n".join(f"  {r['name']}: {r.get('error') or 'failed'} (log: {r['log']})"
@@ -253,12 +267,12 @@ class Autotuner:
                              self.pruned, best, elapsed)
         path, script_args = self.write_best(best)
         print(text, flush=True)
-        _progress(f"tuning took {_clock(self.start)} over {len(self.experiments)} experiments; "
+        self._say(f"tuning took {_clock(self.start)} over {len(self.experiments)} experiments; "
                   f"best {best['name']} ({self.section.metric} {best['metric_value']:.4g}); "
                   f"config: {path}")
         if self.mode != "run":
             return 0
-        _progress(f"run: training with {best['name']}: "
+        self._say(f"run: training with {best['name']}: "
                   f"{self.command.display(script_args)}")
         return subprocess.run(self.command.runner_command(script_args), check=False).returncode
 

@@ -4,6 +4,8 @@ import json
 import os
 from typing import Dict, List
 
+from deepspeed.utils.plots import BarPanel, bar_figure, write_png_beside
+
 HIGHER_IS_BETTER = {"throughput": True, "FLOPS": True, "latency": False}
 UNITS = {"throughput": "samples/s", "latency": "ms/step", "FLOPS": "FLOP/s"}
 
@@ -47,12 +49,30 @@ def table(metric: str, rows: Dict[str, dict]) -> str:
     return "\n".join([line(header), rule] + [line(row) for row in body])
 
 
+def experiments_figure(metric: str, experiments: List[dict], best: dict):
+    """One bar per measured experiment (in the order they ran) with its metric, the chosen one
+    marked; failed experiments have no value and no bar."""
+    measured = [r for r in experiments if r.get("metric_value") is not None]
+    names = [r["name"] for r in measured]
+    return bar_figure([BarPanel(labels=names, values=[r["metric_value"] for r in measured],
+                                xlabel=f"{metric} ({UNITS[metric]})",
+                                marked=names.index(best["name"]) if best["name"] in names
+                                else None,
+                                marked_label=f"chosen: {best['name']}")],
+                      title=f"autotuning: {metric} per experiment "
+                            f"({len(measured)} of {len(experiments)} measured)")
+
+
 def write_summary(results_dir: str, metric: str, experiments: List[dict], pruned: List[dict],
                   best: dict, elapsed_s: float) -> str:
+    """``summary.txt`` (the table returned), ``summary.json`` and, with matplotlib,
+    ``summary.png`` (the metric per experiment, the chosen one marked)."""
     rows = summarize(metric, experiments)
     text = table(metric, rows)
-    with open(os.path.join(results_dir, "summary.txt"), "w", encoding="utf-8") as handle:
+    summary_path = os.path.join(results_dir, "summary.txt")
+    with open(summary_path, "w", encoding="utf-8") as handle:
         handle.write(text + "\n")
+    write_png_beside(summary_path, lambda: experiments_figure(metric, experiments, best))
     with open(os.path.join(results_dir, "summary.json"), "w", encoding="utf-8") as handle:
         json.dump({"metric": metric, "tuning_spaces": rows, "experiments": experiments,
                    "pruned": pruned, "best": best, "tuning_time_s": elapsed_s}, handle, indent=2)

@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+from deepspeed.utils.plots import BarPanel, bar_figure, write_png
+
 _UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
 
 
@@ -88,3 +90,23 @@ def render_table(summary: Dict[str, Dict[int, Dict[str, float]]], show_straggler
     for row in rows:
         out.append(row[0] if row[0] else line(row))
     return "\n".join(out)
+
+
+def summary_figure(summary: Dict[str, Dict[int, Dict[str, float]]]):
+    """Two bar charts over the op names: the bytes each op moved (message size x calls, summed
+    over sizes) and its total latency."""
+    names = sorted(summary)
+    moved = [sum(size * row["count"] for size, row in summary[name].items()) / 2**20
+             for name in names]
+    latency = [sum(row["total_latency_ms"] for row in summary[name].values()) for name in names]
+    return bar_figure([BarPanel(names, moved, "MiB moved (all calls)", title="bytes per op"),
+                       BarPanel(names, latency, "total latency (ms)", title="latency per op")],
+                      title="communication summary")
+
+
+def plot_summary(summary: Dict[str, Dict[int, Dict[str, float]]], path):
+    """Write ``summary`` (``deepspeed.comm.log_summary(return_dict=True)``) as a PNG at ``path``:
+    bytes and latency per op. Needs matplotlib (the ``plots`` extra); returns the figure."""
+    figure = summary_figure(summary)
+    write_png(figure, path)
+    return figure

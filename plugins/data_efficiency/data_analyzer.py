@@ -24,21 +24,12 @@ import os
 import numpy as np
 import torch
 
+from deepspeed.utils.progress import progress
+
 from .indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder, dtype_code, exists
 
 METRIC_TYPES = ("single_value_per_sample", "accumulate_value_over_samples")
 SHARD_FILE = "{metric}_shard_values"
-
-
-def _progress(total, desc, enabled):
-    """A tqdm bar when tqdm is installed (it is not a dependency), else None."""
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, unit="sample", leave=False)
 
 
 def split_range(total, parts, index):
@@ -87,7 +78,8 @@ def compute_metrics(dataset, indices, batch_size, names, functions, types, colla
                         collate_fn=collate_fn)
     per_sample = {n: [] for n, t in zip(names, types) if t == METRIC_TYPES[0]}
     accumulated = {}
-    bar = _progress(len(indices), desc, desc is not None)
+    bar = progress(total=len(indices), desc=desc, unit="sample", leave=False,
+                   enabled=desc is not None)
     for batch in loader:
         count = None
         for name, fn, kind in zip(names, functions, types):
@@ -98,10 +90,8 @@ def compute_metrics(dataset, indices, batch_size, names, functions, types, colla
                 count = len(value)
             else:
                 accumulated[name] = value if name not in accumulated else accumulated[name] + value
-        if bar is not None:
-            bar.update(count if count is not None else batch_size)
-    if bar is not None:
-        bar.close()
+        bar.update(count if count is not None else batch_size)
+    bar.close()
     out = {n: (np.concatenate(v) if v else np.zeros(0)) for n, v in per_sample.items()}
     out.update(accumulated)
     for name, kind in zip(names, types):

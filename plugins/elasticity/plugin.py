@@ -74,6 +74,9 @@ class ElasticityPlugin(DeepSpeedPlugin):
         if not args.elastic_training:
             return None
         from deepspeed.elasticity.agent import run_elastic
+        from deepspeed.launcher.runner import check_user_script
+
+        check_user_script(args)  # before the agent starts any worker
 
         return run_elastic(args)
 

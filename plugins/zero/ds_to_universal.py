@@ -122,7 +122,8 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     fresh_dirs(out_dir, temp_dir)
 
     summaries = pool_map(extract_rank, [(checkpoint_dir, r, world, temp_dir, 0, plan)
-                                        for r in range(world)], num_extract_workers)
+                                        for r in range(world)], num_extract_workers,
+                         desc="extracting rank files")
     check_ranks_agree(summaries, strict)
     first = summaries[0]
     groups = checked_groups(first, shapes, model_states, strict)
@@ -142,7 +143,7 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     jobs = merge_jobs(groups, first["state_keys"], sharded, world, temp_dir, out_dir)
     frozen = OrderedDict(sharded)
     frozen.update(write_module_frozen(model_states, out_dir, set(sharded)))
-    pool_map(merge_param, list(jobs.values()), num_merge_workers)
+    pool_map(merge_param, list(jobs.values()), num_merge_workers, desc="merging parameters")
 
     source = {"zero_stage": int(first["zero_stage"]), "dp_world_size": world,
               "ds_version": str(model_states.get("ds_version"))}

@@ -22,6 +22,7 @@ from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import (CheckpointFormatError, atomic_torch_save,
                                          atomic_write_text, load_file)
 from deepspeed.checkpoint.layout import LATEST_FILENAME, model_states_filename
+from deepspeed.utils.progress import progress
 from deepspeed.zero.checkpoint_layout import partition_numel, partition_ranges
 from deepspeed.zero.checkpointing import optim_states_filename
 
@@ -162,17 +163,19 @@ def merge_param(job):
     return name
 
 
-def pool_map(fn, jobs, workers):
+def pool_map(fn, jobs, workers, desc=None):
     """``map`` in this process for one worker (no start-up cost), else over a process pool;
-    results come back in job order either way."""
+    results come back in job order either way. ``desc`` names the progress bar drawn on a
+    terminal (one tick per finished job)."""
     if workers <= 1 or len(jobs) <= 1:
-        return [fn(job) for job in jobs]
+        return [fn(job) for job in progress(jobs, desc=desc, unit="job")]
     import multiprocessing
 
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with context.Pool(min(workers, len(jobs))) as pool:
-        return pool.map(fn, jobs, chunksize=1)
+        return list(progress(pool.imap(fn, jobs, chunksize=1), total=len(jobs), desc=desc,
+                             unit="job"))
 
 
 # ---------------------------------------------------------------------- assembling

@@ -60,7 +60,8 @@ def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, st
     temps = [os.path.join(temp_dir, f"stage_{s:02d}") for s in range(len(all_states))]
     summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s)
                                         for s in range(len(all_states))
-                                        for r in range(worlds[s])], workers)
+                                        for r in range(worlds[s])], workers,
+                         desc="extracting rank files")
     parts = []
     for stage, states in enumerate(all_states):
         mine, summaries = summaries[:worlds[stage]], summaries[worlds[stage]:]
@@ -260,7 +261,7 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
             if name not in frozen:
                 frozen[name] = shape
                 jobs.append(part["jobs"][name])
-    pool_map(merge_param, jobs, merge_workers)
+    pool_map(merge_param, jobs, merge_workers, desc="merging parameters")
     for states in all_states:
         frozen.update(write_module_frozen(states, out_dir, set(frozen)))
 

@@ -74,6 +74,18 @@ def _log(message):
         print(f"[zero_to_fp32] {message}", file=sys.stderr)
 
 
+def _progress(iterable, desc, unit, leave=True):
+    """A tqdm bar on stderr when stderr is a terminal. tqdm is imported here rather than through
+    ``deepspeed.utils.progress`` because this file runs standalone, where tqdm may be missing
+    (then: no bar)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, unit=unit, leave=leave, file=sys.stderr, disable=None,
+                dynamic_ncols=True)
+
+
 def _load(path):
     """Memory-mapped: tensors are paged in only when read, so skipped entries cost nothing."""
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -169,8 +181,10 @@ class _ZeroCheckpoint:
         return state
 
     def _ranks(self):
-        """Each rank's partition state dict, in rank order; dropped after use unless kept."""
-        for rank in range(self.world):
+        """Each rank's partition state dict, in rank order; dropped after use unless kept
+        (a progress bar over the rank files on a terminal)."""
+        for rank in _progress(range(self.world), desc="reading ZeRO partitions", unit="rank",
+                             leave=False):
             yield rank, self._rank_state(rank)
             if not self.keep_open:
                 self._open.pop(rank, None)
@@ -606,7 +620,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir_or_fil
     else:
         names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}{ext}" for i in range(len(shards))]
     weight_map = OrderedDict()
-    for keys, name in zip(shards, names):
+    for keys, name in _progress(list(zip(shards, names)), desc="writing shards", unit="shard"):
         _save_file(_materialise_shard(lazy, keys), os.path.join(output, name),
                    safe_serialization)
         weight_map.update((k, name) for k in keys)

@@ -2,6 +2,7 @@
 import argparse
 
 import pytest
+import torch
 
 import deepspeed
 from deepspeed.api import _config_source
@@ -26,9 +27,24 @@ def test_config_source_from_each_place():
     assert _config_source(argparse.Namespace(deepscale_config="o.json"), None, None) == "o.json"
 
 
+def test_no_config_at_all_says_how_to_pass_one():
+    """Raised before anything starts (no process group), naming every way to give a config."""
+    from deepspeed.config import DeepSpeedConfigError
+
+    with pytest.raises(DeepSpeedConfigError) as raised:
+        deepspeed.initialize(model=torch.nn.Linear(2, 2))
+    text = str(raised.value)
+    assert "no DeepSpeed config was given" in text
+    assert "deepspeed.initialize(config=...)" in text and "--deepspeed_config" in text
+    assert "add_config_arguments" in text
+    # a script that parsed the flags but was started without one hears about the flag first
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    with pytest.raises(DeepSpeedConfigError, match="args.deepspeed_config is None. Run the script "
+                                                   "with --deepspeed_config ds_config.json"):
+        deepspeed.initialize(args=parser.parse_args([]), model=torch.nn.Linear(2, 2))
+
+
 def test_config_source_conflicts_are_errors():
-    with pytest.raises(AssertionError, match="requires --deepspeed_config"):
-        _config_source(None, None, None)
     with pytest.raises(AssertionError, match="deepspeed arguments and deepspeed.initialize"):
         _config_source(argparse.Namespace(deepspeed_config="c.json"), {"a": 1}, None)
     with pytest.raises(AssertionError, match="deepscale"):

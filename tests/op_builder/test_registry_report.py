@@ -95,3 +95,39 @@ def test_op_table_says_which_aio_engine_is_active():
     lines = op_report([])
     row = next(i for i, line in enumerate(lines) if line.startswith("async_io"))
     assert lines[row + 1] == f"    engine: {AsyncIOBuilder().libaio_status()}"
+
+
+def test_op_table_columns_line_up_under_their_headers():
+    """[YES] and [NO] start in the same column, under "installed"; the compatibility values
+    under "compatible", whatever the length of the op's name."""
+    from deepspeed.env_report import op_table
+
+    rows = [("a", "[YES]", "[OKAY]", "", "deepspeed.x"),
+            ("a_much_longer_op_name", "[NO]", "[NO]", "no GPU", "deepspeed.x"),
+            ("mid_name", "[YES]", "[FAIL]", "broken", "deepspeed.x")]
+    lines = op_table(rows)
+    header = lines[0]
+    table = [line for line in lines[2:] if not line.startswith(" ")]
+    assert len(table) == 3
+    installed, compatible = header.index("installed"), header.index("compatible")
+    for line in table:
+        assert line.index("[") == installed, lines
+        assert line.index("[", installed + 1) == compatible, lines
+    assert [line for line in lines if line.startswith("    reason: ")] == \
+        ["    reason: no GPU", "    reason: broken"]
+    assert not any("reason" in line for line in op_table(rows, show_reasons=False))
+
+
+def test_hide_errors_and_warnings_hides_reasons_and_warnings(capsys, monkeypatch):
+    from deepspeed import env_report
+
+    monkeypatch.setattr(env_report, "_op_rows", lambda warnings: (
+        warnings.append("ninja-like trouble"),
+        [("fused_adam", "[NO]", "[NO]", "torch was built without CUDA", "deepspeed.x")])[1])
+    env_report.cli_main([])
+    shown = capsys.readouterr().out
+    assert "reason: torch was built without CUDA" in shown and "Warnings:" in shown
+    env_report.cli_main(["--hide_errors_and_warnings"])
+    hidden = capsys.readouterr().out
+    assert "fused_adam" in hidden and "reason:" not in hidden and "Warnings:" not in hidden
+    assert "ninja-like trouble" not in hidden

@@ -1,7 +1,7 @@
 """Checkpoint engines: how checkpoint files reach storage (``checkpoint.checkpoint_engine``).
 
     "torch"        torch.save, atomically (the default)
-    "safetensors"  tensors in safetensors files, the rest as a weights-only skeleton
+    "safetensors"  tensors in safetensors files, the rest as JSON beside each one
     "async"        host snapshot at save time, files written in the background,
                    ``latest`` moved by commit(tag) (``{"type": "async", "format": ...}``)
 

@@ -17,7 +17,7 @@ call it).
 import os
 
 from deepspeed.checkpoint.atomic import (ensure_weights_only_loadable, load_file,
-                                         write_file_atomically, write_torch_file)
+                                         write_path_atomically, write_torch_file)
 from deepspeed.checkpoint.engines import safetensors_format
 
 
@@ -93,12 +93,13 @@ class TorchCheckpointEngine(CheckpointEngine):
 
 
 class SafetensorsCheckpointEngine(CheckpointEngine):
-    """Tensors in the safetensors format (the rest as a weights-only skeleton in its header),
-    under the usual file names; ``load`` returns exactly the dict that was saved."""
+    """Tensors in a safetensors file under the usual file name, the rest of the state as JSON
+    beside it (``<name>.state.json``, see ``safetensors_format``); ``load`` returns exactly the
+    dict that was saved, and never unpickles anything."""
 
     name = "safetensors"
 
     def save(self, state, path, check=True):
         if check:
             ensure_weights_only_loadable(state, what=os.fspath(path))
-        write_file_atomically(path, lambda f: safetensors_format.write(state, f))
+        safetensors_format.write(state, path, write_path_atomically)

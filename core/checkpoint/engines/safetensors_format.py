@@ -1,115 +1,207 @@
-"""The safetensors file format, written and read without the ``safetensors`` package.
+"""Checkpoint files in the safetensors format, through the ``safetensors`` library.
 
-A checkpoint is more than a flat ``{name: tensor}`` dict: nested optimizer state, counters,
-RNG tuples, ``torch.Size`` shapes. The tensors go into the safetensors body (one entry per
-distinct tensor, named ``t<i>``); everything else is the *skeleton*: the same structure with each
-tensor replaced by a scalar int64 placeholder holding its index, ``torch.save``d and stored
-base64-encoded in the header's ``__metadata__``. The skeleton is read back with
-``weights_only=True``, so loading still never runs code. The files open with the
-``safetensors`` library too (its tensors, plus our metadata entry).
+A checkpoint is more than a flat ``{name: tensor}`` dict: nested optimizer state, counters, RNG
+tuples, ``torch.Size`` shapes, int keys. So one file becomes two:
 
-Layout: 8-byte little-endian header length, a JSON header (padded with spaces to a multiple
-of 8), then the raw little-endian tensor bytes.
+- ``<path>``: a plain safetensors file holding every distinct tensor under a name made of its
+  key path (``module.fc.weight``, ``optimizer.state.0.exp_avg``), readable by every safetensors
+  tool. Its metadata (strings only) says where the rest is and which save it belongs to.
+- ``<path>.state.json``: the *skeleton*, the same structure as JSON with each tensor replaced by
+  ``{"$tensor": name}``; tuples, ``torch.Size``, dtypes, devices, non-string keys, ordered
+  dicts and non-finite floats are spelled as small tagged objects (see ``_encode``).
+
+Nothing is pickled, so loading runs no code from the files; a safetensors file whose metadata
+holds a pickled skeleton (the format before this one) is refused with that reason. The
+skeleton is written first and both files carry one random save id, so a crash between the two
+writes is detected on load instead of pairing a new skeleton with old tensors.
 """
 import base64
-import io
 import json
-import struct
-import sys
-from collections.abc import Mapping
+import math
+import os
+import uuid
+from collections import OrderedDict
 
 import torch
 
-SKELETON_KEY = "deepspeed_skeleton"
+from deepspeed.checkpoint.errors import CheckpointFormatError
+
 FORMAT_KEY = "format"
-FORMAT_VALUE = "deepspeed-checkpoint"
+FORMAT_VALUE = "pt"  # what Hugging Face tools expect in a torch-written safetensors file
+STATE_KEY = "deepspeed_state"  # metadata: the skeleton's file name, next to the tensors
+SAVE_ID_KEY = "deepspeed_save_id"
+STATE_SUFFIX = ".state.json"
+SKELETON_FORMAT = "deepspeed-checkpoint-skeleton"
+PICKLED_SKELETON_KEY = "deepspeed_skeleton"  # the earlier format: a pickle in the metadata
 
-_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}
-for _name, _code in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
-                     ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _code
-_CODES = {code: dtype for dtype, code in _DTYPES.items()}
-
-
-def _rebuild(mapping, items):
-    if type(mapping) is dict:
-        return dict(items)
-    rebuilt = type(mapping)()  # OrderedDict and friends; weights-only loading allows no others
-    rebuilt.update(items)
-    # a state_dict's OrderedDict carries ``_metadata`` (module versions) as an attribute
-    rebuilt.__dict__.update(getattr(mapping, "__dict__", {}))
-    return rebuilt
+SUPPORTED_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                    torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
+SUPPORTED_DTYPES |= {getattr(torch, name) for name in ("uint16", "uint32", "uint64",
+                                                       "float8_e4m3fn", "float8_e5m2")
+                     if hasattr(torch, name)}
 
 
-def _split(obj, tensors, seen, path):
-    """``obj`` with tensors replaced by index placeholders; ``tensors`` collects them. The
-    same tensor object twice (tied weights) is stored once and comes back as one object."""
+class SafetensorsStateError(CheckpointFormatError):
+    """A state cannot be written to, or read back from, the safetensors checkpoint format."""
+
+
+def state_path(path):
+    """Where the non-tensor part of the checkpoint file ``path`` lives."""
+    return os.fspath(path) + STATE_SUFFIX
+
+
+def is_state_file(name):
+    return name.endswith(STATE_SUFFIX)
+
+
+# ------------------------------------------------------------------ the skeleton as JSON
+class _Tensors:
+    """Collects the distinct tensors of a state under key-path names; the same tensor object
+    twice (tied weights) is stored once and comes back as one object."""
+
+    def __init__(self):
+        self.by_id = {}
+        self.tensors = OrderedDict()
+
+    def add(self, tensor, where):
+        if tensor.is_sparse or tensor.layout != torch.strided:
+            raise SafetensorsStateError(f"{where}: safetensors stores dense tensors only, got "
+                                        f"layout {tensor.layout}")
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise SafetensorsStateError(
+                f"{where}: dtype {tensor.dtype} cannot be stored in safetensors (supported: "
+                f"{', '.join(sorted(str(d) for d in SUPPORTED_DTYPES))})")
+        name = self.by_id.get(id(tensor))
+        if name is None:
+            name = base = where
+            count = 1
+            while name in self.tensors:
+                count += 1
+                name = f"{base}#{count}"
+            self.by_id[id(tensor)] = name
+            self.tensors[name] = tensor
+        return name
+
+
+def _key_name(key):
+    return key if isinstance(key, str) else repr(key)
+
+
+def _encode(obj, tensors, where):
+    """``obj`` as JSON values; tensors go to ``tensors``. ``where`` is the dotted key path
+    (the tensor's name in the safetensors file, and the place named in errors)."""
     if isinstance(obj, torch.Tensor):
-        if obj.is_sparse or obj.layout != torch.strided:
-            raise TypeError(f"{path}: safetensors stores dense tensors only, got layout "
-                            f"{obj.layout}")
-        if obj.dtype not in _DTYPES:
-            raise TypeError(f"{path}: dtype {obj.dtype} cannot be stored in safetensors "
-                            f"(supported: {sorted(str(d) for d in _DTYPES)})")
-        index = seen.get(id(obj))
-        if index is None:
-            index = seen[id(obj)] = len(tensors)
-            tensors.append(obj)
-        return torch.tensor(index, dtype=torch.int64)
-    if isinstance(obj, Mapping):
-        return _rebuild(obj, [(k, _split(v, tensors, seen, f"{path}[{k!r}]"))
-                              for k, v in obj.items()])
+        return {"$tensor": tensors.add(obj, where or "tensor")}
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"$float": repr(obj)}
+    if isinstance(obj, torch.Size):
+        return {"$size": list(obj)}
+    if isinstance(obj, torch.dtype):
+        return {"$dtype": str(obj).replace("torch.", "")}
+    if isinstance(obj, torch.device):
+        return {"$device": str(obj)}
+    if isinstance(obj, bytes):
+        return {"$bytes": base64.b64encode(obj).decode("ascii")}
+    child = (lambda key: f"{where}.{_key_name(key)}" if where else _key_name(key))
     if type(obj) is list:
-        return [_split(v, tensors, seen, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return [_encode(v, tensors, child(i)) for i, v in enumerate(obj)]
     if type(obj) is tuple:
-        return tuple(_split(v, tensors, seen, f"{path}[{i}]") for i, v in enumerate(obj))
-    return obj
+        return {"$tuple": [_encode(v, tensors, child(i)) for i, v in enumerate(obj)]}
+    if type(obj) is dict and all(isinstance(k, str) and not k.startswith("$") for k in obj):
+        return {k: _encode(v, tensors, child(k)) for k, v in obj.items()}
+    if type(obj) in (dict, OrderedDict):
+        items = [[_encode(k, tensors, child("key")), _encode(v, tensors, child(k))]
+                 for k, v in obj.items()]
+        if type(obj) is dict:
+            return {"$dict": items}
+        # a state_dict's OrderedDict carries ``_metadata`` (module versions) as an attribute
+        attrs = {k: _encode(v, tensors, child(k)) for k, v in vars(obj).items()}
+        return {"$odict": items, "$attrs": attrs} if attrs else {"$odict": items}
+    raise SafetensorsStateError(
+        f"state.{where or ''}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be "
+        f"stored in a safetensors checkpoint (tensors, numbers, strings, None, bytes, dtypes, "
+        f"devices, torch.Size and lists/tuples/dicts of those)")
 
 
-def _join(skeleton, tensors):
-    if isinstance(skeleton, torch.Tensor):
-        return tensors[f"t{int(skeleton)}"]
-    if isinstance(skeleton, Mapping):
-        return _rebuild(skeleton, [(k, _join(v, tensors)) for k, v in skeleton.items()])
-    if type(skeleton) is list:
-        return [_join(v, tensors) for v in skeleton]
-    if type(skeleton) is tuple:
-        return tuple(_join(v, tensors) for v in skeleton)
-    return skeleton
+_DECODERS = {
+    "$tensor": None,  # needs the tensors: handled in _decode
+    "$float": float,
+    "$size": torch.Size,
+    "$dtype": lambda name: getattr(torch, name),
+    "$device": torch.device,
+    "$bytes": base64.b64decode,
+}
 
 
-def _little_endian_bytes(tensor):
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    if sys.byteorder != "little":
-        raise RuntimeError("the safetensors checkpoint engine needs a little-endian host")
-    return flat.view(torch.uint8).numpy() if flat.numel() else b""
+def _decode(value, tensors):
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "$tensor" in value:
+        return tensors[value["$tensor"]]
+    for tag, decode in _DECODERS.items():
+        if tag in value and decode is not None:
+            return decode(value[tag])
+    if "$tuple" in value:
+        return tuple(_decode(v, tensors) for v in value["$tuple"])
+    if "$dict" in value:
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in value["$dict"]}
+    if "$odict" in value:
+        rebuilt = OrderedDict((_decode(k, tensors), _decode(v, tensors))
+                              for k, v in value["$odict"])
+        for name, attr in value.get("$attrs", {}).items():
+            setattr(rebuilt, name, _decode(attr, tensors))
+        return rebuilt
+    return {k: _decode(v, tensors) for k, v in value.items()}
 
 
-def write(state, f):
-    """Write ``state`` (any weights-only-loadable structure) to the binary file ``f``."""
-    tensors = []
-    skeleton = _split(state, tensors, {}, "state")
-    buffer = io.BytesIO()
-    torch.save(skeleton, buffer)
-    header, offset = {}, 0
-    for i, tensor in enumerate(tensors):
-        size = tensor.numel() * tensor.element_size()
-        header[f"t{i}"] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                           "data_offsets": [offset, offset + size]}
-        offset += size
-    header["__metadata__"] = {FORMAT_KEY: FORMAT_VALUE,
-                              SKELETON_KEY: base64.b64encode(buffer.getvalue()).decode("ascii")}
-    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    encoded += b" " * (-len(encoded) % 8)
-    f.write(struct.pack("<Q", len(encoded)))
-    f.write(encoded)
-    for tensor in tensors:
-        f.write(_little_endian_bytes(tensor))
+# ------------------------------------------------------------------ files
+def _storable(tensor, seen_storages):
+    """A CPU tensor safetensors accepts: contiguous, owning its bytes (a view into a larger
+    buffer or a storage already stored under another name is copied)."""
+    tensor = tensor.detach().to("cpu")
+    storage = tensor.untyped_storage()
+    whole = tensor.is_contiguous() and tensor.storage_offset() == 0 and \
+        storage.nbytes() == tensor.numel() * tensor.element_size()
+    if not whole or storage.data_ptr() in seen_storages:
+        tensor = tensor.contiguous().clone()
+    if tensor.numel():
+        seen_storages.add(tensor.untyped_storage().data_ptr())
+    return tensor
+
+
+def split(state):
+    """``(tensors by name, JSON skeleton)`` of a checkpoint state."""
+    tensors = _Tensors()
+    skeleton = _encode(state, tensors, "")
+    seen = set()
+    return OrderedDict((n, _storable(t, seen)) for n, t in tensors.tensors.items()), skeleton
+
+
+def write(state, path, write_atomically):
+    """Write ``state`` as ``path`` (safetensors) plus ``state_path(path)`` (JSON), each with
+    ``write_atomically(target, write_to_temporary_path)``."""
+    from safetensors.torch import save_file
+
+    tensors, skeleton = split(state)
+    save_id = uuid.uuid4().hex
+    document = {"format": SKELETON_FORMAT, "version": 1, "save_id": save_id,
+                "skeleton": skeleton}
+    text = json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    write_atomically(state_path(path), lambda tmp: _write_bytes(tmp, text))
+    metadata = {FORMAT_KEY: FORMAT_VALUE, STATE_KEY: os.path.basename(state_path(path)),
+                SAVE_ID_KEY: save_id}
+    write_atomically(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def _write_bytes(path, data):
+    with open(path, "wb") as handle:
+        handle.write(data)
 
 
 def is_safetensors(head):
@@ -120,27 +212,30 @@ def is_safetensors(head):
 def read(path):
     """The structure ``write`` stored (tensors on CPU). A plain safetensors file (no skeleton,
     e.g. a Hugging Face model) reads as its ``{name: tensor}`` dict."""
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length).decode("utf-8"))
-        body_start = 8 + length
-        metadata = header.pop("__metadata__", None) or {}
-        tensors = {}
-        for name, entry in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            dtype = _CODES.get(entry["dtype"])
-            if dtype is None:
-                raise ValueError(f"'{path}': tensor '{name}' has dtype {entry['dtype']}, which "
-                                 f"this torch cannot represent")
-            begin, end = entry["data_offsets"]
-            tensor = torch.empty(entry["shape"], dtype=dtype)
-            if end > begin:
-                f.seek(body_start + begin)
-                target = tensor.view(-1).view(torch.uint8).numpy()
-                if f.readinto(memoryview(target)) != end - begin:
-                    raise ValueError(f"'{path}' is truncated: tensor '{name}' is incomplete")
-            tensors[name] = tensor
-    if SKELETON_KEY not in metadata:
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    with safe_open(path, framework="pt", device="cpu") as handle:
+        metadata = handle.metadata() or {}
+        if PICKLED_SKELETON_KEY in metadata:
+            raise SafetensorsStateError(
+                f"'{path}' keeps its non-tensor state as a pickle inside the safetensors "
+                f"metadata (the format of earlier versions of this package); loading refuses "
+                f"pickles. Its tensors are readable with safetensors.torch.load_file; save "
+                f"the checkpoint again to get the pickle-free format")
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    if STATE_KEY not in metadata:
         return tensors
-    skeleton = torch.load(io.BytesIO(base64.b64decode(metadata[SKELETON_KEY])),
-                          map_location="cpu", weights_only=True)
-    return _join(skeleton, tensors)
+    sidecar = os.path.join(os.path.dirname(path), metadata[STATE_KEY])
+    if not os.path.isfile(sidecar):
+        raise SafetensorsStateError(f"'{path}' names its non-tensor state '{sidecar}', which "
+                                    f"does not exist; copy both files of a checkpoint together")
+    with open(sidecar, encoding="utf-8") as handle:
+        document = json.load(handle)
+    if document.get("format") != SKELETON_FORMAT:
+        raise SafetensorsStateError(f"'{sidecar}' is not a checkpoint skeleton (format "
+                                    f"{document.get('format')!r})")
+    if document.get("save_id") != metadata.get(SAVE_ID_KEY):
+        raise SafetensorsStateError(f"'{sidecar}' and '{path}' come from different saves (a "
+                                    f"save was interrupted between them); load an earlier tag")
+    return _decode(document["skeleton"], tensors)

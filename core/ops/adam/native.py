@@ -9,6 +9,7 @@ the same math. The kernel is used when it loads; the PyTorch path otherwise, wit
 per op saying which. ``DS_CPU_OPTIMIZER_FALLBACK=1`` or ``use_native=False`` forces the PyTorch
 path (tests compare the two); ``use_native=True`` makes a failed build an error.
 """
+import logging
 import os
 import threading
 from typing import Dict, Optional
@@ -16,7 +17,7 @@ from typing import Dict, Optional
 import torch
 
 from deepspeed.ops.adam.multi_tensor_apply import Bucket, fp16_targets
-from deepspeed.utils.logging import logger
+from deepspeed.utils.logging import log_per_node
 
 FORCE_FALLBACK_ENV = "DS_CPU_OPTIMIZER_FALLBACK"
 
@@ -28,10 +29,11 @@ _modules: Dict[str, object] = {}  # op name -> loaded module, or None when it fa
 _logged = set()
 
 
-def _log_once(key, message, level="info"):
+def _log_once(key, message, level=logging.INFO):
+    """Once per process, and from local rank 0 only: every rank of a node loads the same op."""
     if key not in _logged:
         _logged.add(key)
-        getattr(logger, level)(message)
+        log_per_node(message, level)
 
 
 def load_kernel(builder_class, optimizer_name: str, use_native: Optional[bool]):
@@ -65,7 +67,7 @@ def load_kernel(builder_class, optimizer_name: str, use_native: Optional[bool]):
             raise RuntimeError(f"{optimizer_name}(use_native=True): native op '{name}' did not "
                                f"load: {error}")
         _log_once((optimizer_name, "fallback"), f"{optimizer_name}: native op '{name}' "
-                  f"unavailable, using the PyTorch path: {error}", level="warning")
+                  f"unavailable, using the PyTorch path: {error}", level=logging.WARNING)
         return None
     _log_once((optimizer_name, "native"),
               f"{optimizer_name}: native op '{name}' ({module.simd_level()})")

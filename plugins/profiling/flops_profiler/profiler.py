@@ -177,6 +177,18 @@ class FlopsProfiler:
 
         write_profile(self, profile_step, module_depth, top_modules, detailed, output_file)
 
+    def plot_flops_by_module(self, path, depth=1):
+        """Write a PNG at ``path``: one bar of forward flops per module ``depth`` levels below
+        the model (default: its direct children). Needs matplotlib (the ``plots`` extra);
+        returns the figure. (With ``output_file`` set, ``print_model_profile`` also writes this
+        plot next to the text.)"""
+        from deepspeed.profiling.flops_profiler.report import flops_figure
+        from deepspeed.utils.plots import write_png
+
+        figure = flops_figure(self, depth)
+        write_png(figure, path)
+        return figure
+
     def print_model_aggregated_profile(self, module_depth=-1, top_modules=1):
         """Print the ``top_modules`` module types by params, MACs and latency at each depth."""
         if not self.started:

@@ -10,6 +10,7 @@ from collections import defaultdict
 from deepspeed.profiling.flops_profiler.units import (duration_to_string, flops_to_string,
                                                       macs_to_string, number_to_string,
                                                       params_to_string)
+from deepspeed.utils.plots import BarPanel, bar_figure, write_png_beside
 
 _NOTATIONS = """Notations:
 data parallel size (dp_size), model parallel size(mp_size),
@@ -181,3 +182,23 @@ def write_profile(profiler, profile_step, module_depth, top_modules, detailed, o
     os.makedirs(directory, exist_ok=True)
     with open(output_file, "w") as handle:
         handle.write(text)
+    write_png_beside(output_file, lambda: flops_figure(profiler))
+
+
+def named_modules_at_depth(model, depth):
+    """``(qualified name, module)`` of the modules ``depth`` levels below ``model`` (the model
+    itself, named by its class, at depth 0)."""
+    if depth == 0:
+        return [(type(model).__name__, model)]
+    return [(name, module) for name, module in model.named_modules()
+            if name and name.count(".") == depth - 1]
+
+
+def flops_figure(profiler, depth=1):
+    """The forward flops of each module at ``depth`` (default: the model's direct children),
+    one bar per module, in model order."""
+    modules = named_modules_at_depth(profiler.model, depth)
+    return bar_figure([BarPanel([name for name, _ in modules],
+                                [profiler.module_flops(m) / 1e6 for _, m in modules],
+                                "forward MFLOPs", title=f"modules at depth {depth}")],
+                      title=f"flops profile of {type(profiler.model).__name__}")

@@ -7,6 +7,7 @@ when training mutates the parameters afterwards, lets training steps finish whil
 in flight (observed with events, never timed), and a SIGKILL in the middle of a background
 write leaves ``latest`` on the previous tag, which still loads.
 """
+import json
 import logging
 import os
 import signal
@@ -20,6 +21,8 @@ import pytest
 import torch
 
 from tiny_models import mlp, regression_data
+
+from deepspeed.checkpoint.atomic import CheckpointFormatError
 
 BASE = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": None,
         "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}
@@ -149,14 +152,63 @@ def test_safetensors_file_round_trips_a_checkpoint_structure(tmp_path):
     assert loaded["shapes"] == state["shapes"] and loaded["rng"] == state["rng"]
     assert (loaded["lr"], loaded["name"], loaded[7]) == (0.5, "x", "int key")
 
-    safetensors = pytest.importorskip("safetensors.torch")
-    raw = safetensors.load_file(str(path))  # the reference library reads our files
-    assert torch.equal(raw["t0"], tied) and len(raw) == 6  # the tied pair stored once
+    # one format: the tensors file is a plain safetensors file any safetensors tool reads,
+    # under key-path names, the tied pair stored once; its metadata holds strings only
+    from safetensors import safe_open
+    from safetensors.torch import load_file as reference_load
 
-    with pytest.raises(TypeError, match=r"state\['c'\]: dtype torch.complex64"):
-        SafetensorsCheckpointEngine().save({"c": torch.zeros(2, dtype=torch.complex64)},
-                                           tmp_path / "bad.pt")
+    raw = reference_load(str(path))
+    assert sorted(raw) == ["empty", "module.half", "module.w", "scalars.mask", "scalars.step",
+                           "view"]
+    assert torch.equal(raw["module.w"], tied)
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    assert metadata["format"] == "pt"
+    assert metadata["deepspeed_state"] == path.name + ".state.json"
+    assert all(len(value) < 100 for value in metadata.values())  # no state hidden in there
+    # the rest of the state is JSON beside it, tensors referred to by name
+    skeleton = json.loads((tmp_path / (path.name + ".state.json")).read_text())["skeleton"]
+    top = dict(skeleton["$dict"])  # an int key (7) among the keys: the tagged form
+    assert top["module"]["$odict"][0] == ["w", {"$tensor": "module.w"}]
+    assert top["rng"] == {"$tuple": ["python", {"$tuple": [3, 4]}, None]} and top[7] == "int key"
+
+    with pytest.raises(CheckpointFormatError, match=r"scalars.c: dtype torch.complex64"):
+        SafetensorsCheckpointEngine().save(
+            {"scalars": {"c": torch.zeros(2, dtype=torch.complex64)}}, tmp_path / "bad.pt",
+            check=False)
     assert not os.path.exists(tmp_path / "bad.pt")
+
+
+def test_safetensors_loading_refuses_pickles_and_mismatched_halves(tmp_path):
+    """Loading never unpickles: the earlier format (a pickled skeleton in the metadata) is
+    refused, and a skeleton from another save than its tensors is detected."""
+    import pickle
+
+    from safetensors.torch import save_file
+
+    from deepspeed.checkpoint import load_file
+    from deepspeed.checkpoint.engines import SafetensorsCheckpointEngine
+
+    pickled = tmp_path / "old.pt"
+    payload = pickle.dumps({"step": 3})
+    save_file({"t0": torch.ones(2)}, str(pickled),
+              metadata={"format": "deepspeed-checkpoint", "deepspeed_skeleton": payload.hex()})
+    with pytest.raises(CheckpointFormatError, match="loading refuses pickles"):
+        load_file(pickled)
+
+    engine = SafetensorsCheckpointEngine()
+    engine.save({"w": torch.ones(2), "step": 1}, tmp_path / "a.pt")
+    first_skeleton = (tmp_path / "a.pt.state.json").read_text()
+    engine.save({"w": torch.zeros(2), "step": 2}, tmp_path / "a.pt")
+    (tmp_path / "a.pt.state.json").write_text(first_skeleton)  # as if the 2nd save died halfway
+    with pytest.raises(CheckpointFormatError, match="come from different saves"):
+        load_file(tmp_path / "a.pt")
+    os.remove(tmp_path / "a.pt.state.json")
+    with pytest.raises(CheckpointFormatError, match="copy both files of a checkpoint together"):
+        load_file(tmp_path / "a.pt")
+    # a plain safetensors file (a Hugging Face model) reads as its tensors
+    save_file({"x": torch.arange(3)}, str(tmp_path / "model.safetensors"))
+    assert torch.equal(load_file(tmp_path / "model.safetensors")["x"], torch.arange(3))
 
 
 def _resume_with_engine(root, choice, extra):
@@ -175,6 +227,8 @@ def _resume_with_engine(root, choice, extra):
     written = sorted(os.listdir(os.path.join(root, "global_step3")))
     safetensors_on_disk = []
     for name in written:  # every file, the ZeRO plugin's optimizer shards included
+        if name.endswith(".state.json"):  # the non-tensor half beside each safetensors file
+            continue
         with open(os.path.join(root, "global_step3", name), "rb") as f:
             safetensors_on_disk.append(is_safetensors(f.read(9)))
     first_losses = train(first, range(3, 5))  # the saved run goes on unaffected

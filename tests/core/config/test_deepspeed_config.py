@@ -266,10 +266,10 @@ def log_records():
     logger.removeHandler(handler)
 
 
-def test_print_logs_every_resolved_key_once_on_rank_zero(monkeypatch, log_records):
+def test_print_full_logs_every_resolved_key_once_on_rank_zero(monkeypatch, log_records):
     monkeypatch.setenv("RANK", "0")
     config = DeepSpeedConfig(CONFIG, sections=ZERO, world_size=2)
-    config.print("TestEngine")
+    config.print("TestEngine", full=True)
     assert len(log_records) == 1
     lines = log_records[0].splitlines()
     assert "TestEngine configuration:" in lines[0]
@@ -282,6 +282,55 @@ def test_print_logs_every_resolved_key_once_on_rank_zero(monkeypatch, log_record
         assert matching[0].endswith(f" {value}") and " ..." in matching[0]
     assert any(line.split()[0] == "train_batch_size" and line.endswith(" 24") for line in body)
     assert not any(line.endswith(" auto") for line in body)
+
+
+def _printed(records):
+    assert len(records) == 1
+    lines = records[0].splitlines()
+    return lines[0], {line.split()[0]: line.split()[-1] for line in lines[1:]}
+
+
+def test_print_by_default_lists_only_the_keys_that_differ_from_their_defaults(monkeypatch,
+                                                                              log_records):
+    monkeypatch.setenv("RANK", "0")
+    config = DeepSpeedConfig(dict(CONFIG, zero_optimization={"stage": 2},
+                                  gradient_accumulation_steps=1), sections=ZERO, world_size=2)
+    config.print("TestEngine")
+    title, shown = _printed(log_records)
+    assert "differ from their defaults" in title and "dump_state" in title
+    assert shown["gradient_clipping"] == "1.0" and shown["zero_optimization.stage"] == "2"
+    assert shown["optimizer.params.lr"] == "3e-05" and shown["train_batch_size"] == "8"
+    # equal to the default although written by the user, or never written: not listed
+    for key in ("gradient_accumulation_steps", "zero_optimization.reduce_bucket_size",
+                "amp.enabled", "fp16.hysteresis", "fp16.initial_scale_power", "dump_state"):
+        assert key not in shown, key
+    assert len(shown) < len(list(flatten(config.to_dict()))) / 2
+
+
+def test_print_names_a_section_given_with_only_default_values(monkeypatch, log_records):
+    monkeypatch.setenv("RANK", "0")
+    DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": {"stage": 0}}, sections=ZERO,
+                    world_size=1).print()
+    _, shown = _printed(log_records)
+    assert shown == {"train_batch_size": "2", "train_micro_batch_size_per_gpu": "2",
+                     "zero_optimization": "(defaults)"}
+
+
+@pytest.mark.parametrize("how", ["dump_state", "debug"])
+def test_print_lists_every_key_with_dump_state_or_at_debug_level(monkeypatch, log_records, how):
+    from deepspeed.utils.logging import logger
+
+    monkeypatch.setenv("RANK", "0")
+    config = dict(CONFIG, dump_state=how == "dump_state")
+    built = DeepSpeedConfig(config, sections=ZERO, world_size=2)
+    level = logger.level
+    logger.setLevel(logging.DEBUG if how == "debug" else level)
+    try:
+        built.print()
+    finally:
+        logger.setLevel(level)
+    _, shown = _printed(log_records)
+    assert set(shown) == {key for key, _ in flatten(built.to_dict())}
 
 
 def test_print_is_silent_on_other_ranks(monkeypatch, log_records):

@@ -114,6 +114,22 @@ def test_unknown_flag_and_unknown_launcher_are_usage_errors(capsys):
     assert "invalid choice: 'mpiexec'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("typo,meant", [("--num_gpu", "--num_gpus"),
+                                         ("--master_prot=29600", "--master_port"),
+                                         ("--hostfiel", "--hostfile")])
+def test_a_misspelled_flag_gets_the_close_name(capsys, typo, meant):
+    with pytest.raises(SystemExit):
+        runner.parse_args([typo, "2", "train.py"] if "=" not in typo else [typo, "train.py"])
+    assert f"unrecognized arguments: {typo} (did you mean {meant}?)" in capsys.readouterr().err
+
+
+def test_an_unknown_flag_with_nothing_close_is_only_unrecognized(capsys):
+    with pytest.raises(SystemExit):
+        runner.parse_args(["--frobnicate", "train.py"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --frobnicate" in err and "did you mean" not in err
+
+
 def test_user_args_are_not_parsed_as_launcher_flags():
     args = runner.parse_args(["--num_gpus", "2", "train.py", "--num_gpus", "7", "--deepspeed"])
     assert args.num_gpus == 2 and args.user_script == "train.py"
@@ -150,6 +166,21 @@ def test_cpu_num_gpus_starts_that_many_processes_even_beyond_cores(capsys, monke
     monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
     _, _, workers = dry_run(capsys, "--num_gpus", "3", "probe.py")
     assert [w.split("RANK=")[1].split()[0] for w in workers] == ["0", "1", "2"]
+
+
+def test_cpu_ranks_beyond_cores_warn_and_say_what_will_happen(capsys, monkeypatch, log_messages):
+    use_accelerator(monkeypatch, "cpu", 1)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    _, _, workers = dry_run(capsys, "--num_gpus", "64", "probe.py")
+    assert len(workers) == 64
+    warning = [m for m in log_messages if "asks for 64 CPU ranks" in m]
+    assert warning == ["--num_gpus 64 asks for 64 CPU ranks but host 'localhost' has 2 core(s): "
+                       "starting 64 ranks anyway, 1 thread(s) each (OMP_NUM_THREADS), about 32 "
+                       "ranks per core, so each step will be slower than with --num_gpus 2 or "
+                       "fewer"]
+    log_messages.clear()
+    dry_run(capsys, "--num_gpus", "2", "probe.py")
+    assert not any("CPU ranks" in m for m in log_messages)
 
 
 def test_gpu_uses_every_device_and_rejects_too_many(capsys, monkeypatch):
@@ -302,3 +333,46 @@ def test_quiet_hides_info(capsys, monkeypatch):
     use_accelerator(monkeypatch, "cpu", 1)
     dry_run(capsys, "-q", "probe.py")
     assert logger.level == logging.WARNING
+
+
+# ---- the user script, checked before any rank starts -----------------------------------------
+def _no_launch(*args, **kwargs):
+    raise AssertionError("a rank was started")
+
+
+def test_a_missing_script_stops_the_launch_and_names_the_close_file(capsys, monkeypatch,
+                                                                    tmp_path):
+    use_accelerator(monkeypatch, "cpu", 1)
+    monkeypatch.setattr(runner, "run_command", _no_launch)
+    (tmp_path / "train_demo.py").write_text("")
+    err = error_of(capsys, "--num_gpus", "2", "train_dmeo.py", "--steps", "3")
+    assert err.startswith("deepspeed: error: LauncherError: the user script 'train_dmeo.py' "
+                          "does not exist")
+    assert "did you mean 'train_demo.py'?" in err and "(no rank was started)" in err
+    assert "no rank was started" in error_of(capsys, "--module", "no_such_module_here", "-x")
+    (tmp_path / "sub").mkdir()
+    assert "is a directory" in error_of(capsys, "sub")
+
+
+def test_scripts_that_exist_elsewhere_are_found(capsys, monkeypatch, tmp_path):
+    """``--no_python`` programs on PATH and ``--module`` modules importable from the cwd."""
+    use_accelerator(monkeypatch, "cpu", 1)
+    monkeypatch.setattr(runner, "run_command", lambda cmd, env: 0)
+    (tmp_path / "mymod.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert runner.main(["--module", "mymod"]) == 0
+    assert runner.main(["--no_python", "true"]) == 0  # /usr/bin/true, through PATH
+    assert runner.main(["mymod.py"]) == 0
+
+
+def test_a_dry_run_or_remote_ranks_only_warn(capsys, monkeypatch, hostfile, log_messages):
+    use_accelerator(monkeypatch, "cpu", 1)
+    dry_run(capsys, "missing.py")
+    assert any("the user script 'missing.py' does not exist" in m and "a real run would stop"
+               in m for m in log_messages)
+    log_messages.clear()
+    monkeypatch.setattr(runner, "run_command", lambda cmd, env, pid_file=None: 0)
+    monkeypatch.setattr(runner, "check_ssh", lambda hosts, port: None)
+    monkeypatch.setattr(runner.RUNNERS["pdsh"], "missing_binaries", lambda self: [])
+    assert runner.main(["-H", hostfile, "missing.py"]) == 0
+    assert any("ranks on the other hosts will need it" in m for m in log_messages)

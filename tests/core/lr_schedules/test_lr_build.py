@@ -100,9 +100,22 @@ def test_unknown_name_is_an_assertion_listing_the_valid_ones(make_opt, name, hin
 
 def test_unknown_param_key_names_the_path_and_the_closest_key(make_opt):
     with pytest.raises(DeepSpeedConfigError,
-                       match="scheduler.params.warmup_max_lrr: unknown key; did you mean "
-                             "'scheduler.params.warmup_max_lr'"):
+                       match="scheduler.params.warmup_max_lrr: not a parameter of WarmupLR; did "
+                             "you mean 'warmup_max_lr'"):
         build_lr_scheduler("WarmupLR", {"warmup_max_lrr": 0.1}, make_opt())
+
+
+@pytest.mark.parametrize("name,params,message", [
+    ("WarmupLR", {"warmup_max_lr": "3e-5"}, "scheduler.params.warmup_max_lr: expected a number "
+     "(the default is 0.001), got the string '3e-5'; write it without quotes"),
+    ("WarmupLR", {"warmup_type": 1}, "scheduler.params.warmup_type: expected a string, got 1"),
+    ("StepLR", {"step_size": 2, "gamma": "half"}, "scheduler.params.gamma: expected a number "
+     "(the default is 0.1), got 'half', which is not a number"),
+])
+def test_a_value_of_the_wrong_kind_names_its_key_path(make_opt, name, params, message):
+    with pytest.raises(DeepSpeedConfigError) as raised:
+        build_lr_scheduler(name, params, make_opt())
+    assert message in str(raised.value)
 
 
 def test_missing_required_param(make_opt):

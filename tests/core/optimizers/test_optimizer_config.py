@@ -113,8 +113,41 @@ def test_max_grad_norm_points_at_gradient_clipping():
 
 def test_unknown_option_names_the_key_and_the_allowed_ones():
     with pytest.raises(DeepSpeedConfigError, match=r"optimizer.params.momentum: not a parameter "
-                                                   r"of DeepSpeedCPUAdam; allowed: lr, "):
+                                                   r"of DeepSpeedCPUAdam, which takes: lr, "):
         build("Adam", {"momentum": 0.9})
+
+
+def test_a_misspelled_option_gets_the_closest_name():
+    with pytest.raises(DeepSpeedConfigError, match=r"optimizer.params.weight_decy: not a "
+                                                   r"parameter of DeepSpeedCPUAdam; did you mean "
+                                                   r"'weight_decay'\?"):
+        build("Adam", {"weight_decy": 0.1})
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"lr": "1e-3x"}, "optimizer.params.lr: expected a number (the default is 0.001), got "
+                      "'1e-3x', which is not a number"),
+    ({"lr": "1e-3"}, "optimizer.params.lr: expected a number (the default is 0.001), got the "
+                     "string '1e-3'; write it without quotes"),
+    ({"betas": [0.9]}, "optimizer.params.betas: expected 2 numbers like [0.9, 0.999], got 1"),
+    ({"betas": [0.9, None]}, "optimizer.params.betas[1]: expected a number (the default is "
+                             "0.999), got None"),
+    ({"amsgrad": "yes"}, "optimizer.params.amsgrad: expected true or false, got 'yes'"),
+])
+def test_a_value_of_the_wrong_kind_names_its_key_path(params, message):
+    """Checked against the constructor's signature before it runs: no TypeError from inside."""
+    with pytest.raises(DeepSpeedConfigError) as raised:
+        build("AdamW", params)
+    assert message in str(raised.value)
+
+
+def test_every_bad_option_is_reported_at_once_for_a_torch_optimizer():
+    with pytest.raises(DeepSpeedConfigError) as raised:
+        build("SGD", {"lr": "fast", "momentun": 0.9, "nesterov": 1})
+    text = str(raised.value)
+    assert "3 problems" in text and "optimizer.params.lr: expected a number" in text
+    assert "optimizer.params.momentun: not a parameter of SGD; did you mean 'momentum'?" in text
+    assert "optimizer.params.nesterov: expected true or false, got 1" in text
 
 
 def test_torch_adam_cannot_skip_bias_correction():

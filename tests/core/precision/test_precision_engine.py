@@ -1,5 +1,6 @@
 """fp16 / bf16 training through the engine on 2 gloo ranks, against plain-PyTorch fp32."""
 import logging
+import re
 
 import pytest
 import torch
@@ -261,6 +262,9 @@ def _progress_lines(extra):
 def test_steps_per_print_and_wall_clock_breakdown(dist_pool):
     plain = dist_pool.run(_progress_lines, args=({},))[0]
     assert plain.count("step=") == 2 and "samples/sec=" in plain and "loss=" in plain
+    # a loss a person reads: four significant digits, not a float's seventeen
+    for loss in re.findall(r"loss=(\S+),", plain):
+        assert len(re.sub(r"e.*|\D", "", loss).lstrip("0")) <= 4, loss
     assert "time (ms)" not in plain
     timed = dist_pool.run(_progress_lines, args=({"wall_clock_breakdown": True},))[0]
     assert timed.count("time (ms) | forward:") == 2

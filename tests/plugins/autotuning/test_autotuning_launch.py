@@ -55,6 +55,7 @@ def test_tune_on_the_demo_gpt(tmp_path):
     assert "wall_clock_breakdown" not in optimal and "steps_per_print" not in optimal
     cmd = (results / "cmd_optimal.txt").read_text()
     assert "ds_config_optimal.json" in cmd and "--autotuning" not in cmd
+    assert (results / "summary.png").read_bytes().startswith(b"\x89PNG")  # matplotlib: dev
     text = (results / "summary.txt").read_text()
     assert text.splitlines()[0].startswith("| tuning_space") and "| global" in text
     # progress while running, then the table

@@ -146,3 +146,21 @@ def test_straggler_columns_without_a_process_group():
     assert row["min_latency_ms"] == row["max_latency_ms"] == pytest.approx(2.0)
     table = render_table(log.summary(show_straggler=True), show_straggler=True)
     assert "Total Straggler(ms)" in table.splitlines()[0]
+
+
+def test_plot_summary_draws_bytes_and_latency_per_op(tmp_path):
+    from png_checks import assert_png, bars
+
+    from deepspeed.comms_logging import plot_summary
+
+    log = enabled()
+    for op, size, seconds in (("all_reduce", 4096, 0.002), ("all_reduce", 4096, 0.004),
+                              ("all_reduce", 1024, 0.001), ("broadcast", 2048, 0.003)):
+        log.append(record(op, size, seconds))
+    figure = plot_summary(log.log_summary(return_dict=True), tmp_path / "comms.png")
+    assert_png(tmp_path / "comms.png")
+    moved, latency = figure.axes
+    mib = 2 ** 20
+    assert bars(moved) == [("all_reduce", (2 * 4096 + 1024) / mib), ("broadcast", 2048 / mib)]
+    assert [label for label, _ in bars(latency)] == ["all_reduce", "broadcast"]
+    assert [round(ms, 6) for _, ms in bars(latency)] == [7.0, 3.0]

@@ -66,6 +66,23 @@ def test_map_reduce_2_workers_x_2_threads(tmp_path):
     check_index(tmp_path, ds.lengths)
 
 
+def test_a_progress_bar_counts_samples_on_a_terminal(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        worker = analyzer(Lengths(100), tmp_path / str(drawn), 1, 0, 1)
+        worker.show_progress = True
+        worker.run_map()
+        assert ("DataAnalyzer worker 0 thread 0" in stream.getvalue()
+                and "/100 " in stream.getvalue()) == drawn
+
+
 def test_reduce_names_missing_shard(tmp_path):
     ds = Lengths(100)
     analyzer(ds, tmp_path, 2, 0, 1).run_map()  # worker 1 never ran

@@ -280,3 +280,22 @@ def test_print_depth_and_detail_switches(capsys):
     prof = FlopsProfiler(mlp())
     prof.print_model_profile()  # before start_profile: nothing to print
     assert capsys.readouterr().out == ""
+
+
+def test_flops_by_module_plot_beside_the_text_profile(tmp_path):
+    from png_checks import assert_png, bars
+
+    model = mlp()
+    prof = FlopsProfiler(model)
+    prof.start_profile()
+    model(torch.randn(BATCH, IN))
+    figure = prof.plot_flops_by_module(tmp_path / "flops.png")
+    assert_png(tmp_path / "flops.png")
+    drawn = bars(figure.axes[0])
+    assert [label for label, _ in drawn] == ["0", "1", "2"]  # the Sequential's children
+    assert sum(mflops for _, mflops in drawn) * 1e6 == pytest.approx(MLP_FLOPS)
+    assert drawn[1][1] < drawn[0][1]  # ReLU costs less than the Linear before it
+    # the profile written to a file gets its plot next to it
+    prof.print_model_profile(output_file=str(tmp_path / "profile.txt"))
+    assert_png(tmp_path / "profile.png")
+    prof.end_profile()

@@ -278,6 +278,28 @@ def test_convert_to_bin_shards_and_single_files(saved, tmp_path):
                                                    safe_serialization=True)
 
 
+def test_progress_bars_on_a_terminal_only(saved, tmp_path, monkeypatch):
+    """The rank files read and the shards written, as bars on a terminal; silent elsewhere."""
+    import io
+
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    save_dir, _ = saved(2, 1)
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        written = convert_zero_checkpoint_to_fp32_state_dict(
+            save_dir, tmp_path / f"bins_{drawn}", max_shard_size=400)
+        text = stream.getvalue()
+        shards = len(written) - 1  # and the index
+        assert ("reading ZeRO partitions" in text
+                and "writing shards: 100%" in text and f"{shards}/{shards}" in text) == drawn
+        assert drawn or text == ""
+
+
 # ------------------------------------------------------------------------- errors
 def test_errors_name_what_is_wrong(saved, tmp_path):
     from deepspeed.utils.zero_to_fp32 import (get_fp32_state_dict_from_zero_checkpoint,

@@ -191,6 +191,27 @@ def test_wrong_folder_kinds_are_refused_clearly(dist_pool, stage2_source):
     assert "load_universal" in needs_flag
 
 
+def test_progress_bars_on_a_terminal_only(stage2_source, tmp_path, monkeypatch):
+    """One bar per phase on a terminal (stderr a TTY); nothing in a log or a pipe."""
+    import io
+
+    from deepspeed.checkpoint.ds_to_universal import convert
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    root, _ = stage2_source
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        convert(str(root / "zero"), str(tmp_path / f"out_{drawn}"), num_extract_workers=1,
+                num_merge_workers=1)
+        text = stream.getvalue()
+        assert ("extracting rank files: 100%" in text and "merging parameters: 100%" in text
+                and "2/2" in text) == drawn, text
+        assert drawn or text == ""
+
+
 def test_cli_reports_bad_input(tmp_path, capsys):
     from deepspeed.checkpoint.ds_to_universal import main
 
