@@ -3,3 +3,8 @@
 from deepspeed.zero import GatheredParameters, Init, register_external_parameter  # noqa: E402
 
 __all__ = ["GatheredParameters", "Init", "register_external_parameter"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

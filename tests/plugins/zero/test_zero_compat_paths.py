@@ -9,6 +9,11 @@ from deepspeed.config.errors import ConfigDeprecationWarning
 PATHS = [
     ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig", "deepspeed.zero.config"),
     ("deepspeed.runtime.zero.config", "ZeroStageEnum", "deepspeed.zero.config"),
+    # the API reference documents the offload sections under the config module
+    ("deepspeed.runtime.zero.config", "DeepSpeedZeroOffloadParamConfig",
+     "deepspeed.zero.offload_config"),
+    ("deepspeed.runtime.zero.config", "DeepSpeedZeroOffloadOptimizerConfig",
+     "deepspeed.zero.offload_config"),
     ("deepspeed.runtime.zero.offload_config", "OffloadDeviceEnum", "deepspeed.zero.offload_config"),
     ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadOptimizerConfig",
      "deepspeed.zero.offload_config"),
