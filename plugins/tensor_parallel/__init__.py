@@ -16,19 +16,35 @@ only; they load on first use, so a run that enables neither pays nothing for the
 """
 from deepspeed.utils.lazy_exports import lazy_exports
 
-_LAYERS, _SHARDING = "deepspeed.tensor_parallel.layers", "deepspeed.tensor_parallel.sharding"
-_AUTO_TP, _GROUPS = "deepspeed.tensor_parallel.auto_tp", "deepspeed.tensor_parallel.groups"
+# a plain literal: the docs build reads it statically (tools/docs/griffe_lazy_exports.py)
 _EXPORTS = {
-    **dict.fromkeys(("ColumnParallelLinear", "RowParallelLinear", "LinearLayer",
-                     "LinearAllreduce", "SplitLinear", "copy_to_tensor_parallel",
-                     "reduce_from_tensor_parallel", "TENSOR_MODEL_PARALLEL", "PARTITION_DIM"),
-                    _LAYERS),
-    **dict.fromkeys(("CHECKPOINT_KEY", "SHARD_FN", "frozen", "mark", "narrow_fn",
-                     "parameter_bytes", "replace_everywhere", "shard_of", "shard_range",
-                     "shard_sizes", "take_shard"), _SHARDING),
-    **dict.fromkeys(("AutoTP", "TensorParallelError", "policy_from_injection", "shard_block",
-                     "shard_model"), _AUTO_TP),
-    **dict.fromkeys(("TensorParallelGroups", "init_tensor_parallel_groups"), _GROUPS),
+    "ColumnParallelLinear": "deepspeed.tensor_parallel.layers",
+    "RowParallelLinear": "deepspeed.tensor_parallel.layers",
+    "LinearLayer": "deepspeed.tensor_parallel.layers",
+    "LinearAllreduce": "deepspeed.tensor_parallel.layers",
+    "SplitLinear": "deepspeed.tensor_parallel.layers",
+    "copy_to_tensor_parallel": "deepspeed.tensor_parallel.layers",
+    "reduce_from_tensor_parallel": "deepspeed.tensor_parallel.layers",
+    "TENSOR_MODEL_PARALLEL": "deepspeed.tensor_parallel.layers",
+    "PARTITION_DIM": "deepspeed.tensor_parallel.layers",
+    "CHECKPOINT_KEY": "deepspeed.tensor_parallel.sharding",
+    "SHARD_FN": "deepspeed.tensor_parallel.sharding",
+    "frozen": "deepspeed.tensor_parallel.sharding",
+    "mark": "deepspeed.tensor_parallel.sharding",
+    "narrow_fn": "deepspeed.tensor_parallel.sharding",
+    "parameter_bytes": "deepspeed.tensor_parallel.sharding",
+    "replace_everywhere": "deepspeed.tensor_parallel.sharding",
+    "shard_of": "deepspeed.tensor_parallel.sharding",
+    "shard_range": "deepspeed.tensor_parallel.sharding",
+    "shard_sizes": "deepspeed.tensor_parallel.sharding",
+    "take_shard": "deepspeed.tensor_parallel.sharding",
+    "AutoTP": "deepspeed.tensor_parallel.auto_tp",
+    "TensorParallelError": "deepspeed.tensor_parallel.auto_tp",
+    "policy_from_injection": "deepspeed.tensor_parallel.auto_tp",
+    "shard_block": "deepspeed.tensor_parallel.auto_tp",
+    "shard_model": "deepspeed.tensor_parallel.auto_tp",
+    "TensorParallelGroups": "deepspeed.tensor_parallel.groups",
+    "init_tensor_parallel_groups": "deepspeed.tensor_parallel.groups",
     "split_of": "deepspeed.tensor_parallel.shard",
     "tp_model_init": "deepspeed.tensor_parallel.shard",
 }
