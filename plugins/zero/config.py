@@ -153,8 +153,6 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
                     "Config parameter 'cpu_offload_use_pin_memory' is deprecated; use 'pin_memory' "
                     "inside 'offload_optimizer' / 'offload_param' instead",
                     ConfigDeprecationWarning, stacklevel=_user_stacklevel())
-            if data.get("elastic_checkpoint") is True:
-                logger.warning("zero_optimization.elastic_checkpoint is no longer supported and is ignored")
         return data
 
     @field_validator("stage", mode="before")
