@@ -223,6 +223,26 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
         """Where partitioned parameters live ("none" when there is no offload_param section)."""
         return self.offload_param.device if self.offload_param is not None else OffloadDeviceEnum.none
 
+    # -- upstream's deprecated fields, read under their old names ---------------------------------
+    # The API reference lists them as attributes; as keys they are accepted and mapped to their
+    # replacements (with a warning), so reading one answers from the replacement.
+    @property
+    def cpu_offload(self) -> bool:
+        """Deprecated, please use `offload_optimizer`: whether the optimizer state is offloaded
+        to the CPU."""
+        return self.offload_optimizer_device == OffloadDeviceEnum.cpu
+
+    @property
+    def cpu_offload_param(self) -> bool:
+        """Deprecated, please use `offload_param`: whether the parameters are offloaded to the
+        CPU."""
+        return self.offload_param_device == OffloadDeviceEnum.cpu
+
+    @property
+    def stage3_gather_fp16_weights_on_model_save(self) -> bool:
+        """Deprecated, please use `gather_16bit_weights_on_model_save`."""
+        return self.gather_16bit_weights_on_model_save
+
     @classmethod
     def from_legacy_bool(cls, value: bool) -> "DeepSpeedZeroConfig":
         """The config meant by the legacy top-level `"zero_optimization": true/false` (stage 1/0)."""
