@@ -47,15 +47,16 @@ def __getattr__(name):
 _plugin_exports = []  # (__getattr__, __dir__) of the plugins' top-level names, made on first use
 
 
-def _plugin_names():
-    """``__getattr__`` over the names installed plugins export into ``deepspeed`` itself
-    (entry-point group ``deepspeed.exports``, see ``deepspeed.utils.lazy_exports``)."""
+def _plugin_names(which=0):
+    """``__getattr__`` (``which=1``: ``__dir__``) over the names installed plugins export into
+    ``deepspeed`` itself (entry-point group ``deepspeed.exports``, see
+    ``deepspeed.utils.lazy_exports``)."""
     if not _plugin_exports:
         from deepspeed.utils.lazy_exports import plugin_exports
 
         _plugin_exports.extend(plugin_exports(__name__))
-    return _plugin_exports[0]
+    return _plugin_exports[which]
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_plugin_names(1)()))

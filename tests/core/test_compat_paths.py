@@ -49,6 +49,7 @@ def test_top_level_names():
                  "DeepSpeedConfig", "get_accelerator", "hookimpl", "__version__", "comm",
                  "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer"):
         assert getattr(deepspeed, name) is not None, name
+    assert "InferenceEngine" in dir(deepspeed)  # a plugin's top-level export is listed too
 
 
 def test_every_module_is_reachable_as_attributes_after_a_bare_import():
