@@ -208,8 +208,12 @@ class ZeroPlugin(DeepSpeedPlugin):
 
     @hookimpl
     def deepspeed_engine_attributes(self, engine):
-        """Upstream's ZeRO members of the engine."""
-        return {"empty_partition_cache": lambda: self.empty_partition_cache(engine)}
+        """Upstream's ZeRO members of the engine. They reach the engine through a weak
+        reference: a closure over it, stored on it, would be a cycle, and an engine dropped
+        without ``destroy()`` would then keep its hooks and patches until the next garbage
+        collection instead of leaving when its last reference goes."""
+        engine_ref = weakref.ref(engine)
+        return {"empty_partition_cache": lambda: self.empty_partition_cache(engine_ref())}
 
     def empty_partition_cache(self, engine):
         """``engine.empty_partition_cache()``: release the parameters ZeRO-3 keeps whole
