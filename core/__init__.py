@@ -31,13 +31,13 @@ __all__ = ["__version__", "version", "hookimpl", *_LAZY]
 def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
-        # `deepspeed.comm`, `deepspeed.zero`, ... reachable after a bare `import deepspeed`
-        try:
-            value = importlib.import_module(f"deepspeed.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"deepspeed.{name}":
-                raise
-            raise AttributeError(f"module 'deepspeed' has no attribute '{name}'") from None
+        # `deepspeed.comm`, `deepspeed.zero`, ... reachable after a bare `import deepspeed`,
+        # then the names installed plugins export at the top level (`deepspeed.InferenceEngine`)
+        from deepspeed.utils.lazy_exports import import_submodule
+
+        value = import_submodule("deepspeed", name)
+        if value is None:
+            return _plugin_names()(name)
         globals()[name] = value
         return value
     value = getattr(importlib.import_module(module), name)
@@ -45,5 +45,19 @@ def __getattr__(name):
     return value
 
 
+_plugin_exports = []  # (__getattr__, __dir__) of the plugins' top-level names, made on first use
+
+
+def _plugin_names(which=0):
+    """``__getattr__`` (``which=1``: ``__dir__``) over the names installed plugins export into
+    ``deepspeed`` itself (entry-point group ``deepspeed.exports``, see
+    ``deepspeed.utils.lazy_exports``)."""
+    if not _plugin_exports:
+        from deepspeed.utils.lazy_exports import plugin_exports
+
+        _plugin_exports.extend(plugin_exports(__name__))
+    return _plugin_exports[which]
+
+
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_plugin_names(1)()))

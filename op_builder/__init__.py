@@ -27,7 +27,14 @@ BUILDER_MODULES = {
 def __getattr__(name):
     module_name = BUILDER_MODULES.get(name)
     if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # a builder module itself (`deepspeed.ops.op_builder.cpu_adam`), as after upstream's
+        # `import deepspeed`
+        from deepspeed.utils.lazy_exports import import_submodule
+
+        submodule = import_submodule(__name__, name)
+        if submodule is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return submodule
     full_name = f"{__name__}.{module_name}"
     try:
         module = importlib.import_module(full_name)

@@ -22,3 +22,8 @@ __all__ = [
     "get_cuda_rng_tracker", "CudaRNGStatesTracker", "model_parallel_cuda_manual_seed",
     "CheckpointingSettings", "MODEL_PARALLEL_RNG_TRACKER_NAME",
 ]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

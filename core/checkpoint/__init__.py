@@ -49,4 +49,13 @@ __all__ = [
     "checkpoint_engine_for",
 ]
 
-__getattr__, __dir__ = plugin_exports(__name__)
+from deepspeed.utils.lazy_exports import import_submodule  # noqa: E402
+
+_plugin_names, __dir__ = plugin_exports(__name__)
+
+
+def __getattr__(name):
+    """A submodule first (`deepspeed.checkpoint.x` after a plain `import deepspeed`), else a
+    name an installed plugin exports here (`DeepSpeedCheckpoint` is ZeRO's)."""
+    submodule = import_submodule(__name__, name)
+    return submodule if submodule is not None else _plugin_names(name)

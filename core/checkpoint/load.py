@@ -117,18 +117,21 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True,
     """Load ``load_dir/tag`` (``tag=None``: the one ``load_dir/latest`` names) into ``engine``.
 
     Returns ``(load_path, client_state)``: the model-states file read and the keys the user
-    saved as ``client_state``; ``(None, None)`` when there is no tag and no ``latest``.
+    saved as ``client_state``. Without ``tag``, a ``load_dir`` holding no ``latest`` file (empty,
+    or not created yet: a script that resumes when it can, on its first run) loads nothing and
+    returns ``(None, None)`` with a warning, as documented ("None if loading the checkpoint
+    failed"); a ``tag`` that is not there is an error naming the tags that are.
     """
     load_dir = os.fspath(load_dir)
     checkpoint_engine_for(engine).wait()  # a pending asynchronous save may be what is loaded
     if tag is None:
-        if not os.path.isdir(load_dir):
-            raise FileNotFoundError(f"checkpoint directory '{load_dir}' does not exist")
-        tag = layout.read_latest(load_dir)
+        tag = layout.read_latest(load_dir) if os.path.isdir(load_dir) else None
         if tag is None:
-            logger.warning(f"Unable to find latest file at {layout.latest_path(load_dir)}, if "
-                           f"trying to load latest checkpoint please ensure this file exists or "
-                           f"pass an explicit checkpoint tag when loading a checkpoint.")
+            found = "" if os.path.isdir(load_dir) else f" (directory '{load_dir}' does not exist)"
+            logger.warning(f"Unable to find latest file at {layout.latest_path(load_dir)}{found}, "
+                           f"if trying to load latest checkpoint please ensure this file exists or "
+                           f"pass an explicit checkpoint tag when loading a checkpoint. Nothing "
+                           f"was loaded: load_checkpoint returns (None, None).")
             return None, None
     tag = layout.normalize_tag(tag)
     checkpoint_dir = layout.checkpoint_dir_for_load(load_dir, tag)

@@ -85,3 +85,8 @@ def _rank_for_logs():
 
 
 _logging.set_rank_source(_rank_for_logs)
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -177,8 +177,9 @@ class CheckpointConfig(DeepSpeedConfigModel):
     checkpoint_engine: CheckpointEngineConfig = Field(default_factory=CheckpointEngineConfig)
 
     without_effect = {
-        "parallel_write.pipeline_stage": "no pipeline-parallel engine in this build writes "
-                                         "checkpoints per stage",
+        "parallel_write.pipeline_stage": "a pipeline's checkpoint is written as before: the "
+                                         "first data-parallel rank of each stage writes all of "
+                                         "the stage's layer files",
     }
 
     @field_validator("tag_validation", mode="before")

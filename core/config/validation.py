@@ -115,7 +115,9 @@ def _message(error: dict, root_annotation, prefix: list) -> str:
         msg = "required key is missing"
     where = f"{format_path(full)}: " if full else ""
     value = error.get("input")
-    shown = "" if isinstance(value, (dict, list)) or error["type"] == "missing" else f" (got {value!r})"
+    # the value once: a section's own validator may already say "..., got 4"
+    shown = "" if isinstance(value, (dict, list)) or error["type"] == "missing" \
+        or f"got {value!r}" in msg else f" (got {value!r})"
     return f"{where}{msg}{shown}"
 
 

@@ -21,3 +21,8 @@ from deepspeed.lr_schedules.warmup import WarmupCosineLR, WarmupDecayLR, WarmupL
 __all__ = ["LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
            "WarmupTypeError", "VALID_LR_SCHEDULES", "DEEPSPEED_LR_SCHEDULES",
            "build_lr_scheduler", "get_lr_scheduler_class"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

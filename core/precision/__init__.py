@@ -46,3 +46,8 @@ def precision_for(config, module, optimizer, overflow_group=None):
     wrapped = kind(optimizer, loss_scaler=scaler, fp32_grad_accumulation=fp32_accumulation,
                    overflow_group=overflow_group, module=module)
     return wrapped, wrapped
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

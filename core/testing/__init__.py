@@ -13,3 +13,8 @@ from deepspeed.testing.distributed import (
 
 __all__ = ["DistributedPool", "DistributedTestError", "DistributedTimeoutError", "find_free_port",
            "get_pool", "run_distributed", "shutdown_pools"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

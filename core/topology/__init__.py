@@ -428,3 +428,8 @@ def set_unit(unit):
 
 __all__ = ["Topology", "Dimension", "MissingDimension", "ParallelDim", "ParallelMesh",
            "UNIT_DIMENSIONS", "process_topology", "current", "for_engine", "activate", "set_unit"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

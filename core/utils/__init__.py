@@ -7,7 +7,7 @@ launched job): the tensor helpers load on first use (PEP 562). Names a plugin ow
 (``lazy_exports.plugin_exports``), so this floor imports no plugin."""
 import importlib
 
-from deepspeed.utils.lazy_exports import plugin_exports
+from deepspeed.utils.lazy_exports import import_submodule, plugin_exports
 from deepspeed.utils.logging import log_dist, logger
 
 # public name -> module that defines it, imported on first access
@@ -58,12 +58,10 @@ def __getattr__(name):
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
-    if not name.startswith("__") and name not in __dir__():
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
+    if name not in __dir__():
+        submodule = import_submodule(__name__, name)
+        if submodule is not None:
+            return submodule
     return _plugin_names(name)
 
 

@@ -12,16 +12,40 @@ import importlib
 import sys
 
 
-def lazy_exports(package, exports):
+def import_submodule(package, name):
+    """The submodule ``<package>.<name>``, imported; None when ``package`` has no such
+    submodule (an import error inside an existing one propagates).
+
+    Upstream's ``import deepspeed`` imports nearly every subpackage, so scripts and the docs
+    reach ``deepspeed.moe.layer.MoE`` or ``deepspeed.runtime.zero.config.DeepSpeedZeroConfig``
+    by attribute access alone; here a package's submodules load when first read that way."""
+    if name.startswith("__"):  # protocol probes (__wrapped__, __path__ ...) are never modules
+        return None
+    full = f"{package}.{name}"
+    try:
+        return importlib.import_module(full)
+    except ModuleNotFoundError as exc:
+        if exc.name != full:
+            raise
+        return None
+
+
+def lazy_exports(package, exports=None):
     """``(__getattr__, __dir__)`` for the package named ``package`` (pass ``__name__``): each
     name of ``exports`` ({name: full module path}) is read from its module on first access and
-    kept in the package's namespace afterwards; any other name is an ``AttributeError``."""
+    kept in the package's namespace afterwards; any other name is the package's submodule of
+    that name (``import_submodule``), else an ``AttributeError``. Without ``exports`` it only
+    makes the submodules reachable as attributes."""
     namespace = sys.modules[package].__dict__
+    exports = exports or {}
 
     def __getattr__(name):
         module = exports.get(name)
         if module is None:
-            raise AttributeError(f"module '{package}' has no attribute '{name}'")
+            submodule = import_submodule(package, name)
+            if submodule is None:
+                raise AttributeError(f"module '{package}' has no attribute '{name}'")
+            return submodule  # the import bound it in the namespace
         value = getattr(importlib.import_module(module), name)
         namespace[name] = value
         return value
@@ -35,8 +59,16 @@ def lazy_exports(package, exports):
 #: entry-point groups through which installed plugins add names to a core module: the group
 #: ``deepspeed.exports.<module path after "deepspeed.">`` lists, per plugin, a module whose
 #: ``__all__`` names join that core module (``deepspeed.exports.utils.groups`` -> the expert
-#: groups of ``deepspeed.moe.groups`` in ``deepspeed.utils.groups``)
+#: groups of ``deepspeed.moe.groups`` in ``deepspeed.utils.groups``); ``deepspeed.exports``
+#: itself is the top-level ``deepspeed`` (``deepspeed.InferenceEngine``)
 EXPORTS_GROUP_PREFIX = "deepspeed.exports."
+
+
+def exports_group(package):
+    """The entry-point group whose modules export names into the core module ``package``."""
+    if package == "deepspeed":
+        return EXPORTS_GROUP_PREFIX.rstrip(".")
+    return EXPORTS_GROUP_PREFIX + package[len("deepspeed."):]
 
 
 def plugin_exports(package, dynamic=None, upstream=None):
@@ -52,7 +84,7 @@ def plugin_exports(package, dynamic=None, upstream=None):
     from deepspeed.utils.entry_points import entry_points_of
 
     namespace = sys.modules[package].__dict__
-    group = EXPORTS_GROUP_PREFIX + (upstream or package)[len("deepspeed."):]
+    group = exports_group(upstream or package)
 
     def exported():
         table = {}

@@ -13,3 +13,8 @@ from deepspeed.autotuning.space import NothingToTuneError
 
 __all__ = ["Autotuner", "AutotuningConfig", "AutotuningError", "NothingToTuneError",
            "run_autotuning"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -6,3 +6,8 @@ sparse, row, head and channel pruning, layer reduction) and mixture-of-quantizat
 plugin's hooks; ``compress.redundancy_clean`` turns the masked model into a physically smaller
 one.
 """
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -18,3 +18,8 @@ from deepspeed.domino.transformer import DominoTransformer, DominoTransformerLay
 __all__ = ["DominoAsyncColumnParallelLinear", "DominoConfig", "DominoTransformer",
            "DominoTransformerLayer", "OverlapTrace", "PendingAllReduce", "RowParallelLinearNoComm",
            "load_unsplit_state_dict", "record_overlap", "split_batch"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -15,3 +15,8 @@ from deepspeed.elasticity.elasticity import (compute_elastic_config, elasticity_
 __all__ = ["compute_elastic_config", "elasticity_enabled", "ensure_immutable_elastic_config",
            "ElasticityConfig", "ElasticityError", "ElasticityConfigError",
            "ElasticityIncompatibleWorldSize", "LATEST_ELASTICITY_VERSION"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -31,6 +31,7 @@ from deepspeed.inference.cuda_graph import CudaGraphs, refuse_without_cuda
 from deepspeed.inference.kernel_inject import inject
 from deepspeed.inference.moe_inference import (prepare_moe, shard_stacked_experts,
                                                slice_experts)
+from deepspeed.inference.policies import as_linear_names
 from deepspeed.inference.quantize import quantize_model
 from deepspeed.inference.vocab_parallel import shard_vocab
 from deepspeed.tensor_parallel import (AutoTP, TensorParallelError, policy_from_injection,
@@ -133,7 +134,7 @@ class InferenceEngine(nn.Module):
             group = self._new_tp_group(world, tp.tp_size)
             rank = dist.get_rank() % tp.tp_size
         if config.injection_policy:
-            policy = policy_from_injection(config.injection_policy)
+            policy = policy_from_injection(as_linear_names(config.injection_policy))
         else:
             policy = AutoTP.tp_parser(model)
         shard_model(model, policy, tp.tp_size, rank, group)

@@ -1,5 +1,6 @@
 """``replace_transformer_layer``: upstream's module-replacement entry point: AutoTP's tensor
 slicing, then with ``replace_with_kernel_inject`` the fused path of ``kernel_inject``."""
+from deepspeed.inference.policies import as_linear_names
 from deepspeed.tensor_parallel import AutoTP, policy_from_injection, shard_model
 
 
@@ -17,7 +18,7 @@ def replace_transformer_layer(orig_layer_impl, model, checkpoint_dict=None, conf
     if tp.tp_size == 1:
         return _inject(model, config)
     if config.injection_policy:
-        policy = policy_from_injection(config.injection_policy)
+        policy = policy_from_injection(as_linear_names(config.injection_policy))
     elif orig_layer_impl is not None and config.injection_policy_tuple:
         policy = policy_from_injection({orig_layer_impl: config.injection_policy_tuple})
     else:

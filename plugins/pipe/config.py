@@ -2,9 +2,9 @@
 
 Upstream parses it, but the pipeline's shape comes from ``PipelineModule``'s arguments
 (``num_stages``, ``partition_method``, ``seed_layers``, ``activation_checkpoint_interval``),
-and activation / gradient partitioning across tensor-parallel ranks needs a tensor-parallel
-plugin this build does not ship; so every key is accepted and, set to anything but its default,
-warned about once (the ``without_effect`` table).
+and the pipeline engine sends activations and their gradients whole between stages (it does
+not split them over a stage's tensor-parallel ranks); so every key is accepted and, set to
+anything but its default, warned about once (the ``without_effect`` table).
 """
 from typing import Literal, Union
 
@@ -26,8 +26,9 @@ class PipelineConfig(DeepSpeedConfigModel):
         "partition": _FROM_MODULE.format("partition_method"),
         "seed_layers": _FROM_MODULE.format("seed_layers"),
         "activation_checkpoint_interval": _FROM_MODULE.format("activation_checkpoint_interval"),
-        "pipe_partitioned": "activations are partitioned across tensor-parallel ranks only, "
-                            "and no tensor-parallel plugin is installed",
-        "grad_partitioned": "gradients are partitioned across tensor-parallel ranks only, "
-                            "and no tensor-parallel plugin is installed",
+        "pipe_partitioned": "the pipeline engine sends each activation whole from stage to "
+                            "stage; it does not split it over the stage's tensor-parallel ranks",
+        "grad_partitioned": "the pipeline engine sends each activation gradient whole from "
+                            "stage to stage; it does not split it over the stage's "
+                            "tensor-parallel ranks",
     }

@@ -1,1 +1,6 @@
 """``deepspeed.profiling``: the flops profiler and PyTorch-profiler helpers."""
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

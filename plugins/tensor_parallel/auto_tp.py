@@ -115,8 +115,8 @@ def policy_from_injection(injection_policy):
         if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
             raise TensorParallelError(
                 f"injection_policy[{cls.__name__}] must be a tuple of Linear names inside the "
-                f"block (e.g. ('self_attn.o_proj', 'mlp.down_proj')); kernel-injection policy "
-                f"classes need replace_with_kernel_inject, which runs only on GPU kernels")
+                f"block (e.g. ('self_attn.o_proj', 'mlp.down_proj')), or for init_inference a "
+                f"policy class of deepspeed.inference (HFBertLayerPolicy), got {names!r}")
         policy.append((cls, tuple(names)))
     return policy
 

@@ -153,8 +153,6 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
                     "Config parameter 'cpu_offload_use_pin_memory' is deprecated; use 'pin_memory' "
                     "inside 'offload_optimizer' / 'offload_param' instead",
                     ConfigDeprecationWarning, stacklevel=_user_stacklevel())
-            if data.get("elastic_checkpoint") is True:
-                logger.warning("zero_optimization.elastic_checkpoint is no longer supported and is ignored")
         return data
 
     @field_validator("stage", mode="before")
@@ -224,6 +222,26 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     def offload_param_device(self) -> OffloadDeviceEnum:
         """Where partitioned parameters live ("none" when there is no offload_param section)."""
         return self.offload_param.device if self.offload_param is not None else OffloadDeviceEnum.none
+
+    # -- upstream's deprecated fields, read under their old names ---------------------------------
+    # The API reference lists them as attributes; as keys they are accepted and mapped to their
+    # replacements (with a warning), so reading one answers from the replacement.
+    @property
+    def cpu_offload(self) -> bool:
+        """Deprecated, please use `offload_optimizer`: whether the optimizer state is offloaded
+        to the CPU."""
+        return self.offload_optimizer_device == OffloadDeviceEnum.cpu
+
+    @property
+    def cpu_offload_param(self) -> bool:
+        """Deprecated, please use `offload_param`: whether the parameters are offloaded to the
+        CPU."""
+        return self.offload_param_device == OffloadDeviceEnum.cpu
+
+    @property
+    def stage3_gather_fp16_weights_on_model_save(self) -> bool:
+        """Deprecated, please use `gather_16bit_weights_on_model_save`."""
+        return self.gather_16bit_weights_on_model_save
 
     @classmethod
     def from_legacy_bool(cls, value: bool) -> "DeepSpeedZeroConfig":

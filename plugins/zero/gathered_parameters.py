@@ -13,10 +13,9 @@ in ``ds_id`` order so the collectives pair up.
 """
 import torch
 
-from deepspeed import comm as dist
 from deepspeed.hooks import PARAM_STATE_ACCESS
 from deepspeed.zero.partition_parameters import (ZeroParamStatus, gather_params, is_zero_param,
-                                                 release_params)
+                                                 publish_full, release_params)
 from deepspeed.zero.stage3 import register_external_parameter
 
 
@@ -84,15 +83,8 @@ class GatheredParameters:
 
     def _publish(self):
         """Broadcast the modifier's full values; every rank keeps its shard of them."""
+        publish_full(self.params, self.modifier_rank)
         for param in self.params:
-            partitioner = param.ds_partitioner
-            if partitioner.world_size > 1:
-                data = param.data.contiguous()
-                dist.broadcast(data, src=partitioner._global(self.modifier_rank),
-                               group=partitioner.group)
-                if data.data_ptr() != param.data.data_ptr():
-                    param.data.copy_(data)
-            partitioner.write_shard_from_full(param)
             owner = getattr(param, PARAM_STATE_ACCESS, None)
             if hasattr(owner, "refresh_fp32_param"):  # the ZeRO optimizer stepping it
                 owner.refresh_fp32_param(param)

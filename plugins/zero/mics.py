@@ -273,12 +273,6 @@ class MiCS_Init(Init):
         shard, hierarchical = self._mics_config
         return MiCSPartitioner(mics_groups(group, shard, hierarchical), dp_group=group, **kwargs)
 
-    def get_partition_rank(self):
-        return self.partitioner.rank
-
-    def get_dp_process_group(self):
-        return self.partitioner.dp_group
-
 
 def _mics_section(source):
     from deepspeed.config import load_config_source

@@ -22,6 +22,7 @@ at most one module is whole at a time, and rank 0's initial values are what ever
 What ``Init`` changes in torch while it is open is listed, and done, in
 ``deepspeed.zero.torch_patches``.
 """
+import contextlib
 import functools
 import itertools
 import types
@@ -36,8 +37,8 @@ from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.shard_comm import start_rank_major_gather
 from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
 from deepspeed.zero.param_status import ZeroParamStatus
-from deepspeed.zero.torch_patches import (TORCH_FACTORIES, patch_module_construction,
-                                          patch_tensor_factories)
+from deepspeed.zero.torch_patches import (TORCH_FACTORIES, patch_module_apply,
+                                          patch_module_construction, patch_tensor_factories)
 
 
 _ids = itertools.count()
@@ -456,9 +457,11 @@ class Init:
 
     ``remote_device`` "cpu"/"nvme" keeps shards on the host; ``dtype`` casts floating-point
     parameters before partitioning (default: the config's bf16/fp16 setting, else unchanged);
-    ``config_dict_or_path`` supplies ``zero_optimization`` thresholds; ``enabled=False`` makes
-    it a no-op. ``mem_efficient_linear`` is accepted for compatibility (torch's Linear already
-    saves only what backward needs)."""
+    ``config_dict_or_path`` supplies ``zero_optimization`` settings (offload, and
+    ``override_module_apply``: whether ``Module.apply`` called during construction gathers the
+    parameters first, default true); ``enabled=False`` makes it a no-op.
+    ``mem_efficient_linear`` is accepted for compatibility (torch's Linear already saves only
+    what backward needs)."""
 
     def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True,
                  remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
@@ -468,6 +471,7 @@ class Init:
         self.enabled = enabled
         self.mem_efficient_linear = mem_efficient_linear
         self.dtype = dtype
+        self.override_module_apply = True
         self._patches = PatchSet("zero.Init: module construction", self._patch)
         if not enabled:
             return
@@ -479,13 +483,15 @@ class Init:
         zero = _zero_section(config_dict_or_path if config_dict_or_path is not None else config)
         if remote_device == "nvme" and zero is None:
             zero = {}
-        if self.dtype is None and zero is not None:
-            self.dtype = zero["dtype"]
+        if zero is not None:  # {} for remote_device "nvme" without a config
+            self.dtype = self.dtype if self.dtype is not None else zero.get("dtype")
+            self.override_module_apply = zero.get("override_module_apply", True)
         if remote_device is None and zero and zero["offload_device"] in ("cpu", "nvme"):
             remote_device = zero["offload_device"]
         store = None
         if remote_device == "nvme":
             store = _nvme_store(zero, pin_memory)
+        self.dp_process_group = group if group is not None else dist.get_world_group()
         self.partitioner = self._make_partitioner(group, remote_device=remote_device,
                                                   pin_memory=pin_memory, shard_store=store)
         if module is not None:  # upstream also accepts an already-built module
@@ -494,6 +500,17 @@ class Init:
     def _make_partitioner(self, group, **kwargs):
         """The partitioner every module built inside shards over (``MiCS_Init``: its own)."""
         return Partitioner(group, **kwargs)
+
+    def get_dp_process_group(self):
+        """The communication group of all data-parallel ranks: ``data_parallel_group``, the
+        ``mpu``'s, or else the world (``MiCS_Init`` partitions within a part of it)."""
+        return self.dp_process_group
+
+    def get_partition_rank(self):
+        """This rank's position in the group parameters are partitioned over: it keeps piece
+        number ``get_partition_rank()`` of every parameter built inside (``MiCS_Init``: its
+        position in its shard group)."""
+        return self.partitioner.rank
 
     def __enter__(self):
         if self.enabled:
@@ -519,10 +536,43 @@ class Init:
         partitioner, dtype = self.partitioner, self.dtype
         patch_module_construction(
             patches, lambda module: partition_module(module, partitioner, dtype, recurse=False))
+        if self.override_module_apply:
+            patch_module_apply(patches, _gathered_for_apply)
         if dtype is not None:
             # looked up by name on each entry: transformers swaps it for the duration
             patch_tensor_factories(patches, globals()["zero_wrapper_for_fp_tensor_constructor"],
                                    dtype)
+
+
+def publish_full(params, source_rank):
+    """``params`` are whole and ``source_rank`` (a rank of their group) edited them: broadcast
+    its full values, and every rank keeps its shard of them (and its full copy, while whole).
+    Every rank passes the same parameters in the same order."""
+    for param in params:
+        partitioner = param.ds_partitioner
+        if partitioner.world_size > 1:
+            data = param.data.contiguous()
+            dist.broadcast(data, src=partitioner._global(source_rank), group=partitioner.group)
+            if data.data_ptr() != param.data.data_ptr():
+                param.data.copy_(data)
+        partitioner.write_shard_from_full(param)
+
+
+@contextlib.contextmanager
+def _gathered_for_apply(module):
+    """``Module.apply`` inside ``Init``: every partitioned parameter of ``module``'s tree whole
+    while ``fn`` runs (in ``ds_id`` order, the same on every rank), rank 0's edits kept by all
+    ranks afterwards; what was gathered here is partitioned again."""
+    params = sorted({id(p): p for p in module.parameters() if is_zero_param(p)}.values(),
+                    key=lambda p: p.ds_id)
+    gathered = [p for p in params if p.ds_status is not ZeroParamStatus.AVAILABLE]
+    gather_params(gathered)
+    try:
+        yield
+        with torch.no_grad():
+            publish_full(params, source_rank=0)
+    finally:
+        release_params(gathered, force=True)
 
 
 def partition_module(module, partitioner, dtype=None, recurse=True):
@@ -568,7 +618,12 @@ def _zero_section(source):
         dtype = torch.float16
 
     offload = zero.get("offload_param") or {}
+    override = zero.get("override_module_apply", True)
+    if not isinstance(override, bool):
+        raise ValueError(f"zero_optimization.override_module_apply must be true or false, got "
+                         f"{override!r}")
     return {"dtype": dtype,
             "offload_device": str(offload.get("device", "none")).lower(),
-            "offload_param_section": offload}
+            "offload_param_section": offload,
+            "override_module_apply": override}
 

@@ -4,11 +4,13 @@ Enabled by ``zero_optimization.stage`` > 0. It replaces the engine's optimizer w
 ``DeepSpeedZeroOptimizer`` (which is also the precision policy), the core all-reduce with its
 bucketed reduce-scatter, and the optimizer part of checkpoints with per-rank partition files.
 """
+import gc
 import weakref
 
 import torch
 from pydantic import StrictBool
 
+from deepspeed.accelerator import get_accelerator
 from deepspeed.hooks import Sharding, hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.utils.logging import logger
@@ -203,6 +205,29 @@ class ZeroPlugin(DeepSpeedPlugin):
             # an engine dropped without destroy() must not leave its patches behind either
             weakref.finalize(engine, self.coordinator.remove)
             self.shard_comm = _setup_zeropp(engine, self._zero_config(config), self.coordinator)
+
+    @hookimpl
+    def deepspeed_engine_attributes(self, engine):
+        """Upstream's ZeRO members of the engine. They reach the engine through a weak
+        reference: a closure over it, stored on it, would be a cycle, and an engine dropped
+        without ``destroy()`` would then keep its hooks and patches until the next garbage
+        collection instead of leaving when its last reference goes."""
+        engine_ref = weakref.ref(engine)
+        return {"empty_partition_cache": lambda: self.empty_partition_cache(engine_ref())}
+
+    def empty_partition_cache(self, engine):
+        """``engine.empty_partition_cache()``: release the parameters ZeRO-3 keeps whole
+        between steps (the persistent ones, and any still gathered), so that after training
+        their memory is free; training may go on, they are gathered again when used. Stages 1
+        and 2 keep whole parameters by design and cache nothing: a no-op there."""
+        if self.coordinator is None:
+            return
+        optimizer = _zero_optimizer(engine)
+        if optimizer is not None:
+            optimizer.forget_resident()
+        self.coordinator.empty_partition_cache()
+        gc.collect()  # the full buffers die with their last reference; return them now
+        get_accelerator().empty_cache()
 
     @hookimpl
     def deepspeed_sharding(self, engine):

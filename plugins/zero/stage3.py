@@ -318,6 +318,16 @@ class ParameterCoordinator:
         self._release([p for p in self._zero_params if p.ds_status is not
                        ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist])
 
+    def empty_partition_cache(self):
+        """Release every parameter that is whole now, persistent ones included (``engine.
+        empty_partition_cache()``, between steps): only shards stay. Each is gathered again
+        when next used, and a persistent one then stays whole as before."""
+        self._saved_views.unwind()
+        self._forward_lookahead.reset()
+        self._backward_lookahead.reset()
+        release_params([p for p in self._zero_params
+                        if p.ds_status is not ZeroParamStatus.NOT_AVAILABLE], force=True)
+
     # ------------------------------------------------------------------ gather / release
     def _gather(self, params):
         gather_params(params)

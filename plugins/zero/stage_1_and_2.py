@@ -145,7 +145,8 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                                        replica_group=self.replica_group)
         if self.stage >= 2:
             self.reducer.attach_hooks()
-        self._refreshers = None  # ZeRO-3: per partitioner, the in-place refresh of persistent
+        # ZeRO-3: per partitioner, the in-place refresh of the persistent parameters
+        self._refreshers = None
         self.swapper = nvme_swapper(optimizer) if nvme_swapper is not None else None
         if self.swapper is not None:
             for chunk in self.all_chunks:
@@ -522,6 +523,12 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
     def _swap_out(self, chunk):
         if self.swapper is not None:
             self.swapper.swap_out(chunk)
+
+    def forget_resident(self):
+        """Drop the refresh plans of ZeRO-3's persistent parameters (``empty_partition_cache``
+        released them): a plan views the full buffers, which would otherwise stay allocated;
+        the next step makes new plans for whatever is whole again by then."""
+        self._refreshers = None
 
     def destroy(self):
         self.reducer.detach_hooks()

@@ -20,6 +20,16 @@ normally or by an exception):
   memory can be built.
 - ``torch.nn.Module.__init_subclass__``: classes defined inside the context get the same
   ``__init__`` wrapper.
+- ``torch.nn.Module.apply`` (unless the config sets ``zero_optimization.override_module_apply:
+  false``): a model's own initialisation (Hugging Face's ``self.apply(self._init_weights)`` in
+  its constructor) would otherwise edit the empty placeholders of the submodules already
+  partitioned, and the custom initialisation would be lost without a word. The outermost
+  ``apply`` gathers every partitioned parameter of the module it is called on, runs ``fn``
+  over the tree as torch does, then keeps rank 0's values (``GatheredParameters(...,
+  modifier_rank=0)``) and partitions them again. Gathering the whole tree is what makes any
+  ``fn`` work (one that reaches into children too); the price is a slower construction and,
+  for that moment, the tree whole on every rank, which ``override_module_apply: false`` avoids
+  (``fn`` then sees the placeholders and must gather what it edits itself).
 - ``torch.empty``, ``torch.zeros``, ``torch.ones``, ``torch.full``, ``torch.arange`` (only with
   ``Init(dtype=...)``): buffers and temporaries a module builds get the dtype its parameters are
   cast to, else the first forward mixes dtypes. Each wraps torch's own function (captured in
@@ -35,6 +45,7 @@ visible ones while it is open; classes the outer one already wraps keep the oute
 independently, so contexts may also exit in any order.
 """
 import functools
+import threading
 
 import torch
 
@@ -104,6 +115,30 @@ def patch_module_construction(patches, after_init):
             wrap(cls)
 
     patches.replace(torch.nn.Module, "__init_subclass__", classmethod(__init_subclass__))
+
+
+def patch_module_apply(patches, gathered):
+    """Replace ``torch.nn.Module.apply`` so that the outermost call runs inside
+    ``gathered(module)`` (a context holding the partitioned parameters of ``module``'s tree
+    whole and publishing the edits on exit); the calls torch's ``apply`` makes on the children
+    run plainly inside it."""
+    original = torch.nn.Module.apply
+
+    def apply(module, fn):
+        if getattr(_APPLYING, "active", False):
+            return original(module, fn)
+        _APPLYING.active = True
+        try:
+            with gathered(module):
+                return original(module, fn)
+        finally:
+            _APPLYING.active = False
+
+    functools.update_wrapper(apply, original)
+    patches.replace(torch.nn.Module, "apply", apply)
+
+
+_APPLYING = threading.local()  # inside an outermost apply of this thread
 
 
 def patch_tensor_factories(patches, make_wrapper, dtype):

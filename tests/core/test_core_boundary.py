@@ -80,8 +80,9 @@ ALLOWED_CONCEPTS = {
                          "checkpoint.parallel_write.pipeline_stage is a documented core key; "
                          "upstream's DeepSpeedConfig attribute reads it"),
     "config/core_sections.py": ({"pipeline_stage", "parallel_write.pipeline_stage",
-                                 "no pipeline-parallel engine in this build writes checkpoints "
-                                 "per stage"},
+                                 "a pipeline's checkpoint is written as before: the first "
+                                 "data-parallel rank of each stage writes all of the stage's "
+                                 "layer files"},
                                 "the documented core key above, and why it has no effect"),
     "activation_checkpointing/settings.py": (
         {"get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",

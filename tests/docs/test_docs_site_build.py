@@ -1,11 +1,11 @@
 """The documentation site: `mkdocs build --strict` succeeds (every page is in the nav, every
 link and anchor resolves, every `:::` API entry is found), and the API reference documents every
-name of the spec that resolves (tests/docs/spec_api_names.txt).
+name of the spec that resolves (tests/docs/spec_api_names.txt; test_spec_names.py checks that
+they resolve).
 
 The site is built once per session into a temporary directory. Building needs the `docs` extra
 (also in `dev`); without mkdocs the build tests skip and say so.
 """
-import importlib
 import os
 import subprocess
 import sys
@@ -14,6 +14,7 @@ import zlib
 import pytest
 
 from docs_paths import ROOT
+from spec_list import spec_names
 
 # the build (mkdocstrings renders a few hundred objects) takes a minute of CPU, several on a
 # loaded two-core machine; it is charged to the first test that uses the fixture
@@ -43,39 +44,6 @@ def test_mkdocs_build_strict_passes(built_site):
 
 
 # ---------------------------------------------------------------------------- API coverage
-SPEC_NAMES = ROOT / "tests" / "docs" / "spec_api_names.txt"
-
-
-def spec_names():
-    """(name, reason it does not resolve or None) for every line of spec_api_names.txt."""
-    found = []
-    for line in SPEC_NAMES.read_text(encoding="utf-8").splitlines():
-        name, _, note = line.partition("#")
-        name = name.strip()
-        if name:
-            reason = note.split("unresolved:", 1)[1].strip() if "unresolved:" in note else None
-            found.append((name, reason))
-    return found
-
-
-def resolve(name):
-    """The object a dotted name denotes: the longest importable module prefix, then attributes;
-    a last part that is a pydantic config model's field resolves to that field."""
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for index, part in enumerate(parts[cut:], start=cut):
-            fields = getattr(obj, "model_fields", None)
-            if index == len(parts) - 1 and isinstance(fields, dict) and part in fields:
-                return fields[part]
-            obj = getattr(obj, part)
-        return obj
-    raise ImportError(f"no importable prefix of {name}")
-
-
 def inventory_names(site):
     """Every object the API reference rendered (mkdocstrings' objects.inv)."""
     data = (site / "objects.inv").read_bytes()
@@ -84,19 +52,6 @@ def inventory_names(site):
         header_end = data.index(b"\n", header_end) + 1
     text = zlib.decompress(data[header_end:]).decode("utf-8")
     return {line.split(" ", 1)[0] for line in text.splitlines() if line.strip()}
-
-
-def test_spec_names_resolve_as_listed():
-    wrong = []
-    for name, reason in spec_names():
-        try:
-            resolve(name)
-            if reason is not None:
-                wrong.append(f"{name} resolves now: remove its `unresolved` note and document it")
-        except (ImportError, AttributeError) as err:
-            if reason is None:
-                wrong.append(f"{name} does not resolve ({err}); fix it or mark it `# unresolved:`")
-    assert not wrong, "\n".join(wrong)
 
 
 def test_api_reference_documents_every_resolvable_spec_name(built_site):

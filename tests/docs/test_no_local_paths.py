@@ -15,6 +15,9 @@ LOCAL_PATH = re.compile(
     r"|/tmp/pytest-of-|/tmp/bash_jobs|/tmp/tmp\w{8}"  # one machine's scratch folders
 )
 THIS_FILE = "tests/docs/test_no_local_paths.py"
+# verbatim copies of the spec's pages (docs/dev/spec): the text they quote, not a path of ours
+QUOTED = {"docs/dev/spec/001_819f6776ec59227d.txt":
+          "/home/docs/checkouts/readthedocs.org/"}  # Read the Docs' build folder, in a repr
 
 
 def tracked_files():
@@ -33,6 +36,8 @@ def test_no_tracked_file_names_a_local_path():
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
             continue  # binary files, and files deleted in the working tree
         for number, line in enumerate(text.splitlines(), 1):
+            if name in QUOTED:
+                line = line.replace(QUOTED[name], "")
             if LOCAL_PATH.search(line):
                 found.append(f"{name}:{number}: {line.strip()[:120]}")
     assert not found, "local paths in committed files:\n" + "\n".join(found)

@@ -6,72 +6,73 @@ that `import deepspeed` stays cheap. Griffe reads sources statically and would n
 `deepspeed.initialize` or `deepspeed.zero.Init`; this extension reads those tables and adds
 each name as an alias of `<module>.<name>`, the same object a user gets at run time.
 
-Core modules also receive names from installed plugins (`deepspeed.utils.groups.initialize`
-is MoE's), through the entry-point groups `deepspeed.exports.<module after deepspeed.>` of
-pyproject.toml (`deepspeed.utils.lazy_exports.plugin_exports`). The extension reads those groups
-from pyproject.toml and each exporting module's `__all__` from its source in the laid-out tree,
-and adds the names as aliases too. A core module that replaces itself in `sys.modules` at an
-upstream path (`deepspeed.utils.groups` is `deepspeed.topology.groups`) gets its real module's
-public names the same way.
+Names installed plugins export into a core module (`deepspeed.InferenceEngine`,
+`deepspeed.utils.set_z3_leaf_modules`) come from entry points instead: pyproject.toml's group
+`deepspeed.exports[.<module>]` names, per plugin, a module whose `__all__` joins that core
+module. The extension reads those groups from pyproject.toml and each listed module's `__all__`
+from its source, and adds the names the same way.
 
 Used by mkdocs.yml (mkdocstrings' python handler `extensions`).
 """
 import ast
-import tomllib
 from pathlib import Path
 
 import griffe
 
-ROOT = Path(__file__).resolve().parents[2]
-EXPORTS_GROUP_PREFIX = "deepspeed.exports."
-
 #: module-level tables of lazily exported names, as the packages spell them
 EXPORT_TABLES = ("_LAZY", "_EXPORTS")
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+EXPORTS_GROUP = "deepspeed.exports"  # deepspeed.utils.lazy_exports.exports_group's prefix
 
 
-class LazyExports(griffe.Extension):
-    def on_module_members(self, *, mod, **kwargs):
-        for table in EXPORT_TABLES:
-            attribute = mod.members.get(table)
-            if attribute is None or attribute.value is None:
-                continue
-            exports = ast.literal_eval(str(attribute.value))
-            for name, module in exports.items():
-                if name not in mod.members:
-                    mod.set_member(name, griffe.Alias(name, f"{module}.{name}", parent=mod))
+def plugin_exports(pyproject=PYPROJECT):
+    """{core module: [exporting module, ...]} from the `deepspeed.exports*` entry-point groups
+    (Python < 3.11 has no tomllib: the installed package's metadata holds the same groups)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        from importlib.metadata import entry_points
+
+        groups = {}
+        for entry in entry_points():
+            groups.setdefault(entry.group, {})[entry.name] = entry.value
+    else:
+        groups = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["entry-points"]
+    found = {}
+    for group, entries in groups.items():
+        if group == EXPORTS_GROUP or group.startswith(EXPORTS_GROUP + "."):
+            target = "deepspeed" + group[len(EXPORTS_GROUP):]
+            found[target] = list(entries.values())
+    return found
 
 
-def _plugin_export_groups():
-    """{core module path: [exporting module path]} from pyproject.toml's entry points."""
-    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
-    return {"deepspeed." + group[len(EXPORTS_GROUP_PREFIX):]: list(table.values())
-            for group, table in entry_points.items() if group.startswith(EXPORTS_GROUP_PREFIX)}
+def _source_of(module_path, mod):
+    """The source file of `module_path` in the tree `mod` (a module of it) was read from."""
+    depth = len(mod.path.split(".")) + (0 if mod.filepath.name == "__init__.py" else -1)
+    root = mod.filepath.parents[depth]
+    base = root.joinpath(*module_path.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
-def _source_of(module_path, tree_root):
-    """The source file of ``module_path`` in the laid-out package tree, or None."""
-    base = tree_root.joinpath(*module_path.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _public_names(source):
-    """The literal ``__all__`` of a module's source, else its top-level public defs."""
-    tree = ast.parse(source.read_text())
-    for node in tree.body:
+def _all_of(path):
+    """The literal `__all__` of a source file ([] without one)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__"
                                                 for t in node.targets):
             return list(ast.literal_eval(node.value))
-    return [node.name for node in tree.body
+    return []
+
+
+def _public_defs(path):
+    """The top-level public functions and classes of a source file."""
+    return [node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")]
 
 
-def _module_it_stands_for(source):
-    """``X`` when the module's source ends with ``sys.modules[__name__] = X`` after
-    ``from P import X``: the full path ``P.X``, else None."""
-    tree = ast.parse(source.read_text())
+def _module_it_stands_for(path):
+    """``P.X`` when the source at ``path`` replaces itself with ``sys.modules[__name__] = X``
+    after ``from P import X`` (an upstream-path shim), else None."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     imported = {alias.asname or alias.name: f"{node.module}.{alias.name}"
                 for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
                 for alias in node.names}
@@ -83,28 +84,34 @@ def _module_it_stands_for(source):
     return None
 
 
-class PluginExports(griffe.Extension):
-    """Names installed plugins export into a core module, and a shim module's real names."""
-
+class LazyExports(griffe.Extension):
     def __init__(self):
         super().__init__()
-        self._groups = _plugin_export_groups()
+        self._plugin_exports = plugin_exports()
 
     def on_module_members(self, *, mod, **kwargs):
-        if mod.filepath is None or not isinstance(mod.filepath, Path):
-            return
-        parts = mod.path.split(".")
-        tree_root = Path(mod.filepath)
-        for _ in range(len(parts) + (mod.filepath.name == "__init__.py")):
-            tree_root = tree_root.parent
-        sources = list(self._groups.get(mod.path, ()))
-        stands_for = _module_it_stands_for(Path(mod.filepath))
-        if stands_for:
-            sources.insert(0, stands_for)
-        for module in sources:
-            source = _source_of(module, tree_root)
-            if source is None:
+        for table in EXPORT_TABLES:
+            attribute = mod.members.get(table)
+            if attribute is None or attribute.value is None:
                 continue
-            for name in _public_names(source):
-                if name not in mod.members:
-                    mod.set_member(name, griffe.Alias(name, f"{module}.{name}", parent=mod))
+            try:
+                exports = ast.literal_eval(str(attribute.value))
+            except (ValueError, SyntaxError) as err:
+                raise ValueError(f"{mod.path}.{table} must be a plain dict literal (the docs "
+                                 f"build reads it without running code): {err}") from None
+            for name, module in exports.items():
+                self._alias(mod, name, module)
+        for module in self._plugin_exports.get(mod.path, ()):
+            for name in _all_of(_source_of(module, mod)):
+                self._alias(mod, name, module)
+        if isinstance(mod.filepath, Path):
+            stands_for = _module_it_stands_for(mod.filepath)
+            if stands_for:  # deepspeed.utils.groups is deepspeed.topology.groups
+                source = _source_of(stands_for, mod)
+                for name in _all_of(source) or _public_defs(source):
+                    self._alias(mod, name, stands_for)
+
+    @staticmethod
+    def _alias(mod, name, module):
+        if name not in mod.members:
+            mod.set_member(name, griffe.Alias(name, f"{module}.{name}", parent=mod))

@@ -71,3 +71,8 @@ def checkpoint_engine_for(engine):
 
 __all__ = ["CheckpointEngine", "TorchCheckpointEngine", "SafetensorsCheckpointEngine",
            "AsyncCheckpointEngine", "build_checkpoint_engine", "checkpoint_engine_for"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

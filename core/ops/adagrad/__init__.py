@@ -2,3 +2,8 @@
 from deepspeed.ops.adagrad.cpu_adagrad import DeepSpeedCPUAdagrad
 
 __all__ = ["DeepSpeedCPUAdagrad"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

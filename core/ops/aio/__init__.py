@@ -40,3 +40,8 @@ def aio_handle(block_size=1048576, queue_depth=128, single_submit=False, overlap
 
 def backend():
     return load_op().backend()
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

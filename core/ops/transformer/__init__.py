@@ -8,3 +8,8 @@ from deepspeed.ops.transformer.config import DeepSpeedTransformerConfig, Transfo
 from deepspeed.ops.transformer.transformer import DeepSpeedTransformerLayer
 
 __all__ = ["DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "TransformerConfig"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -1,1 +1,6 @@
 """`deepspeed.runtime.activation_checkpointing` -> `deepspeed.activation_checkpointing`."""
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

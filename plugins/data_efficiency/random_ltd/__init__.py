@@ -5,3 +5,8 @@ from .scheduler import RandomLTDScheduler, consumed_layer_tokens
 
 __all__ = ["RandomLayerTokenDrop", "RandomLTDScheduler", "convert_to_random_ltd",
            "remove_random_ltd_state_dict", "consumed_layer_tokens"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

@@ -1,2 +1,7 @@
 """``deepspeed.runtime.data_pipeline``: upstream's import paths of the data-efficiency library,
 re-exporting ``deepspeed.data_efficiency``."""
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

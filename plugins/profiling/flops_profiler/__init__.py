@@ -7,3 +7,8 @@ from deepspeed.profiling.flops_profiler.units import (duration_to_string, flops_
 
 __all__ = ["FlopsProfiler", "get_model_profile", "number_to_string", "macs_to_string",
            "flops_to_string", "params_to_string", "duration_to_string"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

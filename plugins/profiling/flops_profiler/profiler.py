@@ -13,6 +13,7 @@ import torch
 from deepspeed.profiling.flops_profiler.torch_patches import OpRecorder
 from deepspeed.profiling.flops_profiler.units import (duration_to_string, macs_to_string,
                                                       number_to_string, params_to_string)
+from deepspeed.utils.lazy_exports import lazy_exports
 
 _ATTRS = ("__flops__", "__macs__", "__params__", "__duration__", "__ignored__")
 
@@ -196,3 +197,10 @@ class FlopsProfiler:
         from deepspeed.profiling.flops_profiler.report import aggregated_profile_lines
 
         print("\n".join(aggregated_profile_lines(self, module_depth, top_modules)))
+
+
+# The API reference names ``deepspeed.profiling.flops_profiler.profiler.get_model_profile``
+# (upstream defines it in this module). Here it lives in ``model_profile``, which imports this
+# module for ``FlopsProfiler``, so it is read from there on first use.
+_EXPORTS = {"get_model_profile": "deepspeed.profiling.flops_profiler.model_profile"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,1 +1,6 @@
 """ZeRO-Offload helpers: keeping optimizer state off the accelerator (NVMe swapping in `nvme`)."""
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

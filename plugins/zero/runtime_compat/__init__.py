@@ -5,3 +5,8 @@ from deepspeed.zero import (GatheredParameters, Init, register_external_paramete
 
 __all__ = ["GatheredParameters", "Init", "register_external_parameter",
            "unwrap_model_for_generation"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

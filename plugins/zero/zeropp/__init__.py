@@ -5,3 +5,8 @@ They reach ZeRO-3 through one seam, ``deepspeed.zero.shard_comm.ShardComm``: whi
 (group and wire form) gathers a parameter, and which collective reduces the gradients.
 ``ZeroPPComm`` (``comm.py``) is the ZeRO++ implementation of it.
 """
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)

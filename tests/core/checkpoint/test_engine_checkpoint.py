@@ -235,16 +235,18 @@ def _missing(root):
 
     engine = make_engine(0)
     errors = {}
-    for name, kwargs in {"no_dir": {"load_dir": os.path.join(root, "nowhere")},
-                         "no_dir_tag": {"load_dir": os.path.join(root, "nowhere"), "tag": "x"}
-                         }.items():
-        with pytest.raises(FileNotFoundError) as exc:
-            load_checkpoint(engine, **kwargs)
-        errors[name] = str(exc.value)
+    with pytest.raises(FileNotFoundError) as exc:
+        load_checkpoint(engine, os.path.join(root, "nowhere"), tag="x")
+    errors["no_dir_tag"] = str(exc.value)
     empty = os.path.join(root, "empty")
     os.makedirs(empty, exist_ok=True)
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    # no checkpoint to resume from (an empty directory, or one not created yet): the
+    # documented None load path and a warning, and the engine is left as it was
     with _Logs() as logs:
-        no_latest = load_checkpoint(engine, empty)
+        no_latest = {"empty": engine.load_checkpoint(empty),
+                     "no_dir": engine.load_checkpoint(os.path.join(root, "nowhere"))}
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
     save_checkpoint(engine, os.path.join(root, "ckpts"), tag="first")
     save_checkpoint(engine, os.path.join(root, "ckpts"), tag="second")
     with pytest.raises(FileNotFoundError) as exc:
@@ -253,20 +255,20 @@ def _missing(root):
     with pytest.raises(ValueError) as exc:
         save_checkpoint(engine, os.path.join(root, "ckpts"), tag="../escape")
     errors["bad_tag"] = str(exc.value)
-    return errors, no_latest, logs.messages
+    return errors, no_latest, logs.messages, unchanged
 
 
 def test_missing_directory_tag_and_latest(dist_pool, tmp_path):
-    errors, no_latest, warnings = dist_pool.run(_missing, args=(str(tmp_path),))[0]
+    errors, no_latest, warnings, unchanged = dist_pool.run(_missing, args=(str(tmp_path),))[0]
     nowhere = os.path.join(str(tmp_path), "nowhere")
-    assert f"'{nowhere}' does not exist" in errors["no_dir"]
     assert f"'{nowhere}' does not exist" in errors["no_dir_tag"]
     assert "tag 'third' not found" in errors["no_tag"]
     assert "['first', 'second']" in errors["no_tag"]
     assert "'../escape' is not a valid directory name" in errors["bad_tag"]
     assert not os.path.exists(tmp_path / "escape")
-    assert no_latest == (None, None)
-    assert any("Unable to find latest file" in w for w in warnings)
+    assert no_latest == {"empty": (None, None), "no_dir": (None, None)} and unchanged
+    assert sum("Unable to find latest file" in w for w in warnings) == 2
+    assert any(f"directory '{nowhere}' does not exist" in w for w in warnings)
 
 
 def _rank_dependent_tag(save_dir, mode):

@@ -139,6 +139,26 @@ def test_plugin_section_errors_are_path_named():
         assert fragment in message
 
 
+def test_a_message_that_names_the_value_is_not_followed_by_it_again():
+    from pydantic import field_validator
+
+    class Odd(DeepSpeedConfigModel):
+        knob: int = 1
+
+        @field_validator("knob")
+        @classmethod
+        def _odd(cls, value):
+            if value % 2 == 0:
+                raise ValueError(f"must be odd, got {value!r}")
+            return value
+
+    with pytest.raises(DeepSpeedConfigError) as info:
+        DeepSpeedConfig({"train_batch_size": 8, "feature": {"knob": 4}},
+                        sections={"feature": Odd}, world_size=1)
+    message = str(info.value)
+    assert "feature.knob: must be odd, got 4" in message and message.count("got 4") == 1
+
+
 def test_union_member_tags_do_not_leak_into_paths():
     with pytest.raises(DeepSpeedConfigError) as info:
         DeepSpeedConfig({"train_batch_size": 8, "zero_optimization": {"zenflow": {"select_interval": "often"}}},

@@ -9,6 +9,11 @@ from deepspeed.config.errors import ConfigDeprecationWarning
 PATHS = [
     ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig", "deepspeed.zero.config"),
     ("deepspeed.runtime.zero.config", "ZeroStageEnum", "deepspeed.zero.config"),
+    # the API reference documents the offload sections under the config module
+    ("deepspeed.runtime.zero.config", "DeepSpeedZeroOffloadParamConfig",
+     "deepspeed.zero.offload_config"),
+    ("deepspeed.runtime.zero.config", "DeepSpeedZeroOffloadOptimizerConfig",
+     "deepspeed.zero.offload_config"),
     ("deepspeed.runtime.zero.offload_config", "OffloadDeviceEnum", "deepspeed.zero.offload_config"),
     ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadOptimizerConfig",
      "deepspeed.zero.offload_config"),
@@ -77,3 +82,22 @@ def test_enabled_by_a_nonzero_stage(raw, enabled):
         config = DeepSpeedConfig(dict(raw, train_batch_size=2), sections=catalog.sections,
                                  world_size=1)
     assert ("zero" in catalog.enabled_names(config)) is enabled
+
+
+def test_deprecated_fields_read_from_their_replacements():
+    """The API reference lists cpu_offload, cpu_offload_param and
+    stage3_gather_fp16_weights_on_model_save as attributes of the ZeRO config: set as keys they
+    map to their replacements, and read as attributes they answer from them."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    with pytest.warns(ConfigDeprecationWarning):
+        old = DeepSpeedZeroConfig.model_validate({
+            "stage": 3, "cpu_offload": True, "cpu_offload_param": True,
+            "stage3_gather_fp16_weights_on_model_save": True})
+    assert old.offload_optimizer.device == "cpu" and old.offload_param.device == "cpu"
+    assert old.cpu_offload and old.cpu_offload_param
+    assert old.stage3_gather_fp16_weights_on_model_save
+    new = DeepSpeedZeroConfig.model_validate({"stage": 3, "offload_param": {"device": "nvme",
+                                                                           "nvme_path": "/x"}})
+    assert not new.cpu_offload and not new.cpu_offload_param
+    assert not new.stage3_gather_fp16_weights_on_model_save

@@ -5,3 +5,8 @@ from deepspeed.inference.layers import LinearAllreduce, LinearLayer
 from deepspeed.module_inject.replace_module import replace_transformer_layer
 
 __all__ = ["AutoTP", "LinearAllreduce", "LinearLayer", "replace_transformer_layer"]
+
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
+__getattr__, __dir__ = lazy_exports(__name__)
