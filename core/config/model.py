@@ -140,9 +140,21 @@ class DeepSpeedConfigModel(BaseModel):
         use_enum_values=False,
     )
 
-    # documented keys accepted but without effect in this implementation: {key path: why};
-    # validate_config warns once per process for each one a config sets (see without_effect.py)
+    # What each documented key does here, read by the key-effect table of the configuration
+    # reference (tools/docs/gen_config_reference.py); a key path may reach into a nested
+    # section ("offload_optimizer.ratio"). Every key has exactly one entry in one of the three
+    # (or in a nested section's own tables); tests/docs/test_key_effects.py fails otherwise.
+    #
+    # keys that take effect: {key path: "tests/<file>.py::<test>"}, the test that fails when
+    # the key stops working
+    tested_by: ClassVar[Dict[str, str]] = {}
+    # keys accepted without effect in this implementation: {key path: why, what to use
+    # instead}; validate_config warns once per process for each one a config sets (see
+    # without_effect.py)
     without_effect: ClassVar[Dict[str, str]] = {}
+    # keys this build cannot honour: {key path: why, what to use instead}; a value other than
+    # the default is a validation error naming the key and the reason (``_refuse_keys``)
+    refused: ClassVar[Dict[str, str]] = {}
 
     # -- introspection used by the validator, the "auto" scan and typo suggestions ----------
     @classmethod
@@ -199,6 +211,16 @@ class DeepSpeedConfigModel(BaseModel):
             value = data.pop(old)
             data[new_name] = marker.convert(value) if marker.convert else value
         return data
+
+    @model_validator(mode="after")
+    def _refuse_keys(self):
+        from deepspeed.config.without_effect import refused_keys
+
+        problems = [f"{path}={value!r} is not supported here: {why}"
+                    for path, value, why in refused_keys(self)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     # -- output -----------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Documented keys this implementation accepts but does nothing with, and the one warning about them.
+"""Documented keys this implementation accepts but does nothing with, and the one warning about
+them; and the keys it refuses.
 
 A config written for upstream DeepSpeed has to load here unchanged, so such keys are accepted;
 ignoring them silently would let a user believe, say, that their fp16 masters halve the memory.
@@ -7,6 +8,10 @@ Every section model (core or plugin) lists its own in the class attribute ``with
 ``"offload_optimizer.fast_init"``), and ``warn_without_effect`` says so once per key per process
 when a config sets one to anything but its default. ``validate_config`` calls it for the core keys
 and for every plugin section, so plugins only fill in their table.
+
+A key that cannot work on this build and would mislead if accepted (a feature of another
+platform) is listed in ``refused`` instead (same shape): every section model refuses a value
+other than the default there when it validates (``DeepSpeedConfigModel._refuse_keys``).
 """
 import threading
 from typing import Any, List, Optional, Tuple
@@ -29,6 +34,17 @@ def _leaf(model, path: str) -> Tuple[Any, Any]:
     if info is None:
         raise KeyError(f"{type(model).__name__}.without_effect names '{path}', which is no field")
     return getattr(model, name), info.get_default(call_default_factory=True)
+
+
+def refused_keys(model) -> List[Tuple[str, Any, str]]:
+    """(key path, value, why) for every key of `model`'s own ``refused`` table set to a value
+    other than its default (nested sections check their own tables as they validate)."""
+    found = []
+    for path, reason in getattr(type(model), "refused", {}).items():
+        value, default = _leaf(model, path)
+        if value is not _MISSING and value != default:
+            found.append((path, value, reason))
+    return found
 
 
 def keys_without_effect(model, prefix: str = "") -> List[Tuple[str, str]]:
