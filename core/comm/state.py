@@ -68,6 +68,14 @@ class CommsLoggerSettings(DeepSpeedConfigModel):
     engine config's ``comms_logger`` section with this same model. Defaults are the documented
     ones: off, quiet, every op profiled, no caller names."""
 
+    tested_by = {
+        "enabled": "tests/core/comm/test_comm_observers.py::test_configure_reads_the_comms_logger_section_then_keywords",
+        "verbose": "tests/core/comm/test_comm_observers.py::test_configure_rejects_bad_values",
+        "prof_all": "tests/core/comm/test_comm_observers.py::test_configure_reads_the_comms_logger_section_then_keywords",
+        "prof_ops": "tests/core/comm/test_comm_observers.py::test_configure_rejects_bad_values",
+        "debug": "tests/core/comm/test_comm_observers.py::test_configure_rejects_bad_values",
+    }
+
     enabled: bool = False
     verbose: bool = False  # print one line per logged op as it completes
     prof_all: bool = True  # log every op; when false only `prof_ops` (and calls with prof=True)

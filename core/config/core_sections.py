@@ -19,6 +19,16 @@ _COMM_DTYPE_SPELLINGS = {"fp16": "fp16", "fp32": "fp32", "bf16": "bf16", "bfp16"
 class FP16Config(DeepSpeedConfigModel):
     """`fp16`: mixed precision with (by default dynamic) loss scaling."""
 
+    tested_by = {
+        "enabled": "tests/plugins/zero/test_zero_mics.py::test_16_bit_training_follows_zero3",
+        "loss_scale": "tests/plugins/monitor/test_monitor_engine.py::test_fp16_adds_the_loss_scale",
+        "initial_scale_power": "tests/plugins/zero/test_zero_mics.py::test_16_bit_training_follows_zero3",
+        "loss_scale_window": "tests/core/precision/test_precision_engine.py::test_fp16_dynamic_scale_skips_overflow_steps",
+        "hysteresis": "tests/core/precision/test_precision_engine.py::test_fp16_dynamic_scale_skips_overflow_steps",
+        "consecutive_hysteresis": "tests/core/config/test_config_core_sections.py::test_fp16_loss_scaler_args",
+        "min_loss_scale": "tests/core/config/test_deepspeed_config.py::test_to_dict_round_trips",
+    }
+
     enabled: bool = False
     auto_cast: bool = False
     loss_scale: float = Field(0.0, ge=0, description="0 = dynamic loss scaling")
@@ -43,6 +53,10 @@ class FP16Config(DeepSpeedConfigModel):
 class BF16Config(DeepSpeedConfigModel):
     """`bf16` (old name `bfloat16`): bfloat16 training; same range as fp32, so no loss scaling."""
 
+    tested_by = {
+        "enabled": "tests/plugins/zero/test_zero_mics.py::test_16_bit_training_follows_zero3",
+    }
+
     enabled: bool = False
     immediate_grad_update: bool = False
 
@@ -57,6 +71,14 @@ class BF16Config(DeepSpeedConfigModel):
 class AmpConfig(DeepSpeedConfigModel):
     """`amp`: NVIDIA apex AMP. Besides `enabled`, every key is an `apex.amp.initialize` argument
     and is passed through unchanged (apex validates them); they are declared so typos still fail."""
+
+    tested_by = {
+        "enabled": "tests/plugins/zero/test_zero_audit_gaps.py::test_amp_with_zero_is_refused",
+        "opt_level": "tests/core/config/test_config_core_sections.py::test_amp_passes_apex_keys_through",
+        "keep_batchnorm_fp32": "tests/core/config/test_config_core_sections.py::test_amp_passes_apex_keys_through",
+        "loss_scale": "tests/core/config/test_config_core_sections.py::test_amp_passes_apex_keys_through",
+        "min_loss_scale": "tests/core/config/test_deepspeed_config.py::test_to_dict_round_trips",
+    }
 
     enabled: bool = False
     opt_level: Optional[str] = None
@@ -79,12 +101,22 @@ class AmpConfig(DeepSpeedConfigModel):
 class OptimizerConfig(DeepSpeedConfigModel):
     """`optimizer`: which optimizer the engine builds; `params` go to its constructor as-is."""
 
+    tested_by = {
+        "type": "tests/e2e/test_hf_accelerate.py::test_accelerate_launch_trains_and_saves",
+        "params": "tests/e2e/test_hf_accelerate.py::test_accelerate_launch_trains_and_saves",
+    }
+
     type: str
     params: Dict[str, Any] = Field(default_factory=dict)
 
 
 class SchedulerConfig(DeepSpeedConfigModel):
     """`scheduler`: which LR schedule the engine builds; `params` go to its constructor as-is."""
+
+    tested_by = {
+        "type": "tests/plugins/pipe/test_pipe_checkpoint.py::test_resume_at_the_same_shape_is_bit_identical",
+        "params": "tests/core/checkpoint/test_engine_checkpoint.py::test_load_options",
+    }
 
     type: str
     params: Dict[str, Any] = Field(default_factory=dict)
@@ -107,6 +139,11 @@ class CheckpointEngineConfig(DeepSpeedConfigModel):
     "torch" (default) and "safetensors" write synchronously; "async" snapshots the state to host
     memory, writes in the background while training goes on, and moves `latest` only when the
     tag is committed (the next save, or `engine.checkpoint_engine.wait()`)."""
+
+    tested_by = {
+        "type": "tests/plugins/pipe/test_pipe_checkpoint.py::test_resume_at_the_same_shape_is_bit_identical",
+        "format": "tests/plugins/pipe/test_pipe_checkpoint.py::test_resume_at_the_same_shape_is_bit_identical",
+    }
 
     type: Literal["torch", "safetensors", "async"] = "torch"
     # None: "safetensors" for type "safetensors", else "torch"
@@ -151,6 +188,10 @@ class NebulaConfig(DeepSpeedConfigModel):
     """`nebula`: Azure Nebula asynchronous checkpointing. When enabled without the external
     service, the built-in "async" checkpoint engine is used (with a warning)."""
 
+    tested_by = {
+        "enabled": "tests/core/checkpoint/test_checkpoint_engines.py::test_checkpoint_section_keys_parse_and_choose_the_engine",
+    }
+
     enabled: bool = False
     persistent_storage_path: Optional[str] = None
     persistent_time_interval: int = Field(100, ge=1)
@@ -169,6 +210,12 @@ class NebulaConfig(DeepSpeedConfigModel):
 
 class CheckpointConfig(DeepSpeedConfigModel):
     """`checkpoint`: how checkpoints are validated, written and loaded."""
+
+    tested_by = {
+        "tag_validation": "tests/core/checkpoint/test_checkpoint_engines.py::test_checkpoint_section_keys_parse_and_choose_the_engine",
+        "load_universal": "tests/plugins/zero/test_zero_universal.py::test_wrong_folder_kinds_are_refused_clearly",
+        "use_node_local_storage": "tests/core/checkpoint/test_checkpoint_engines.py::test_checkpoint_section_keys_parse_and_choose_the_engine",
+    }
 
     tag_validation: Literal["Ignore", "Warn", "Fail"] = "Warn"
     load_universal: bool = False
@@ -192,11 +239,24 @@ class CheckpointConfig(DeepSpeedConfigModel):
 class DataTypesConfig(DeepSpeedConfigModel):
     """`data_types`: dtype of the gradient-accumulation buffer (None = the training dtype)."""
 
+    tested_by = {
+        "grad_accum_dtype": "tests/core/precision/test_precision_engine.py::test_bf16_fp32_grad_accumulation_is_closer_to_exact",
+    }
+
     grad_accum_dtype: Optional[Literal["fp32", "fp16", "bf16"]] = None
 
 
 class ActivationCheckpointingConfig(DeepSpeedConfigModel):
     """`activation_checkpointing`: read by `deepspeed.checkpointing.configure`."""
+
+    tested_by = {
+        "partition_activations": "tests/core/activation_checkpointing/test_ac_configure.py::test_configure_from_a_config_dict",
+        "contiguous_memory_optimization": "tests/core/activation_checkpointing/test_ac_configure.py::test_configure_from_a_config_dict",
+        "cpu_checkpointing": "tests/core/activation_checkpointing/test_ac_configure.py::test_configure_from_a_config_dict",
+        "number_checkpoints": "tests/core/activation_checkpointing/test_ac_configure.py::test_configure_from_a_config_dict",
+        "synchronize_checkpoint_boundary": "tests/core/activation_checkpointing/test_ac_configure.py::test_configure_from_a_config_dict",
+        "profile": "tests/core/activation_checkpointing/test_ac_configure.py::test_configure_from_a_config_dict",
+    }
 
     # the Megatron tutorial spells it `partition_activation`
     partition_activations: Annotated[bool, deprecated_alias("partition_activation")] = False
@@ -209,6 +269,21 @@ class ActivationCheckpointingConfig(DeepSpeedConfigModel):
 
 class CoreConfig(DeepSpeedConfigModel):
     """Every top-level key the core engine owns."""
+
+    tested_by = {
+        "train_batch_size": "tests/core/test_api.py::test_initialize_requires_a_model",
+        "train_micro_batch_size_per_gpu": "tests/e2e/test_hf_import_paths.py::test_hf_integration_sees_deepspeed",
+        "gradient_accumulation_steps": "tests/e2e/test_hf_accelerate.py::test_accelerate_launch_trains_and_saves",
+        "gradient_clipping": "tests/plugins/pipe/test_pipe_engine.py::test_gradient_clipping_uses_the_norm_over_all_stages",
+        "steps_per_print": "tests/plugins/autotuning/test_autotuning_launch.py::test_tune_on_the_demo_gpt",
+        "wall_clock_breakdown": "tests/core/precision/test_precision_engine.py::test_steps_per_print_and_wall_clock_breakdown",
+        "dump_state": "tests/core/test_engine_sparse_and_reports.py::test_memory_breakdown_off_reports_nothing_and_dump_state_prints_the_engine",
+        "memory_breakdown": "tests/core/test_engine_sparse_and_reports.py::test_memory_breakdown_reports_memory_around_each_step_on_rank_0",
+        "prescale_gradients": "tests/core/test_engine_sparse_and_reports.py::test_sparse_gradients_with_prescaling_and_a_communication_dtype",
+        "gradient_predivide_factor": "tests/core/test_engine_sparse_and_reports.py::test_sparse_gradients_with_prescaling_and_a_communication_dtype",
+        "sparse_gradients": "tests/core/test_engine_sparse_and_reports.py::test_sparse_gradients_with_prescaling_and_a_communication_dtype",
+        "communication_data_type": "tests/core/precision/test_precision_engine.py::test_communication_data_type_sets_the_reduction_dtype",
+    }
 
     # batch triangle: resolved by batch.py, so all three are optional here
     train_batch_size: Optional[int] = None

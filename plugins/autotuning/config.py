@@ -20,6 +20,13 @@ TUNERS = ("gridsearch", "random", "model_based")
 class ModelInfoConfig(DeepSpeedConfigModel):
     """What the profiling run measures (or what the user already knows about the model)."""
 
+    tested_by = {
+        "profile": "tests/plugins/pipe/test_module.py::test_partition_errors",
+        "num_params": "tests/plugins/autotuning/test_autotuning_launch.py::test_tune_on_the_demo_gpt",
+        "hidden_size": "tests/core/ops/test_transformer_kernel.py::test_bad_inputs_are_refused",
+        "num_layers": "tests/plugins/sequence/test_sequence_offload.py::test_offload_ctx_manager_rejects_bad_arguments",
+    }
+
     profile: bool = False
     """Set by the autotuner in its profiling run: record the model info, then exit."""
     num_params: Optional[int] = Field(None, ge=1)
@@ -29,6 +36,19 @@ class ModelInfoConfig(DeepSpeedConfigModel):
 
 class AutotuningConfig(DeepSpeedConfigModel):
     """``deepspeed --autotuning tune|run``: search ZeRO stage x micro-batch (x ZeRO knobs)."""
+
+    tested_by = {
+        "enabled": "tests/plugins/autotuning/test_autotuning_launch.py::test_tune_on_the_demo_gpt",
+        "overwrite": "tests/plugins/autotuning/test_autotuning_space.py::test_unchanged_experiment_is_reused_without_overwrite",
+        "metric": "tests/plugins/autotuning/test_autotuning_launch.py::test_bad_autotuning_input_is_one_clear_line",
+        "start_profile_step": "tests/plugins/autotuning/test_autotuning_launch.py::test_tune_on_the_demo_gpt",
+        "end_profile_step": "tests/plugins/autotuning/test_autotuning_launch.py::test_tune_on_the_demo_gpt",
+        "fast": "tests/plugins/autotuning/test_autotuning_space.py::test_nothing_to_tune_names_the_fixed_values",
+        "max_train_batch_size": "tests/plugins/elasticity/test_elastic_compute.py::test_worked_example_v01",
+        "mp_size": "tests/plugins/inference/test_inference_config.py::test_deprecated_keys_move_to_their_replacements",
+        "tuner_type": "tests/plugins/autotuning/test_autotuning_launch.py::test_tune_on_the_demo_gpt",
+        "arg_mappings": "tests/plugins/autotuning/test_autotuning_launch.py::test_run_mode_trains_with_the_best_config",
+    }
 
     enabled: bool = False
     results_dir: str = "autotuning_results"

@@ -25,6 +25,14 @@ def _check_bits(value, key):
 
 # ------------------------------------------------------------------ layer reduction
 class LayerReductionConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_redundancy_clean.py::test_layer_reduction_errors_name_the_key",
+        "keep_number_layer": "tests/plugins/compression/test_redundancy_clean.py::test_layer_reduction_errors_name_the_key",
+        "module_name_prefix": "tests/plugins/compression/test_redundancy_clean.py::test_layer_reduction_errors_name_the_key",
+        "teacher_layer": "tests/plugins/compression/test_redundancy_clean.py::test_layer_reduction_copies_the_chosen_teacher_layers",
+        "other_module_name": "tests/plugins/compression/test_redundancy_clean.py::test_layer_reduction_errors_name_the_key",
+    }
     enabled: bool = False
     keep_number_layer: Optional[int] = Field(None, ge=1)
     module_name_prefix: str = ""
@@ -54,6 +62,11 @@ class _Group(DeepSpeedConfigModel):
 
 
 class WeightQuantParams(DeepSpeedConfigModel):
+
+    tested_by = {
+        "start_bits": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "target_bits": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+    }
     start_bits: int = 8
     target_bits: int = 8
     quantization_period: int = Field(1, ge=1)
@@ -72,15 +85,32 @@ class WeightQuantParams(DeepSpeedConfigModel):
 
 
 class WeightQuantGroup(_Group):
+
+    tested_by = {
+        "modules": "tests/plugins/compression/test_init_compression.py::test_unmatched_pattern_is_named_in_a_warning",
+    }
     params: WeightQuantParams = Field(default_factory=WeightQuantParams)
 
 
 class FP16MixedQuantizeConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "quantize_change_ratio": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "enabled": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+    }
     enabled: bool = False
     quantize_change_ratio: float = Field(0.001, ge=0, le=1)
 
 
 class WeightQuantShared(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "schedule_offset": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "quantize_groups": "tests/plugins/compression/test_quantizers.py::test_bits_and_groups_are_checked",
+        "quantize_verbose": "tests/plugins/compression/test_compression_config.py::test_moq_tutorial_config_loads",
+        "quantize_weight_in_forward": "tests/plugins/compression/test_redundancy_clean.py::test_quantized_weights_are_baked_on_the_grid",
+    }
     without_effect = {
         "quantizer_kernel": "there is no CUDA quantizer kernel here; the torch quantizer runs on "
                             "every device",
@@ -105,6 +135,10 @@ class WeightQuantizationConfig(DeepSpeedConfigModel):
 
 
 class ActQuantParams(DeepSpeedConfigModel):
+
+    tested_by = {
+        "bits": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+    }
     bits: int = 8
 
     @field_validator("bits")
@@ -114,10 +148,20 @@ class ActQuantParams(DeepSpeedConfigModel):
 
 
 class ActQuantGroup(_Group):
+
+    tested_by = {
+        "modules": "tests/plugins/compression/test_init_compression.py::test_unmatched_pattern_is_named_in_a_warning",
+    }
     params: ActQuantParams = Field(default_factory=ActQuantParams)
 
 
 class ActQuantShared(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "range_calibration": "tests/plugins/compression/test_init_compression.py::test_conv_and_activation_quantization",
+        "schedule_offset": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+    }
     enabled: bool = False
     quantization_type: Literal["symmetric", "asymmetric"] = "symmetric"
     range_calibration: Literal["dynamic", "static"] = "static"
@@ -130,14 +174,31 @@ class ActivationQuantizationConfig(DeepSpeedConfigModel):
 
 
 class DenseRatioParams(DeepSpeedConfigModel):
+
+    tested_by = {
+        "dense_ratio": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+    }
     dense_ratio: float = DenseRatio
 
 
 class PruneGroup(_Group):
+
+    tested_by = {
+        "modules": "tests/plugins/compression/test_init_compression.py::test_unmatched_pattern_is_named_in_a_warning",
+    }
     params: DenseRatioParams = Field(default_factory=DenseRatioParams)
 
 
 class SparsePruningShared(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "schedule_offset": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "method": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "block_pattern": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "dense_ratio": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "excluded_modules": "tests/plugins/compression/test_init_compression.py::test_excluded_modules_are_not_pruned",
+    }
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     schedule_offset_end: int = Field(0, ge=0)
@@ -161,6 +222,12 @@ class SparsePruningConfig(DeepSpeedConfigModel):
 
 
 class RowPruningShared(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "schedule_offset": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "method": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+    }
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     method: Literal["l1", "topk"] = "topk"
@@ -172,6 +239,13 @@ class RowPruningConfig(DeepSpeedConfigModel):
 
 
 class HeadPruningShared(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "schedule_offset": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "method": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "num_heads": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+    }
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     method: Literal["topk"] = "topk"
@@ -191,6 +265,12 @@ class HeadPruningConfig(DeepSpeedConfigModel):
 
 
 class ChannelPruningShared(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+        "schedule_offset": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "method": "tests/plugins/compression/test_compression_config.py::test_bad_values_fail_naming_the_key",
+    }
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     method: Literal["l1", "topk"] = "l1"
@@ -226,6 +306,11 @@ TECHNIQUES = ("weight_quantization", "activation_quantization", "sparse_pruning"
 
 # ------------------------------------------------------------------ MoQ
 class MoQBits(DeepSpeedConfigModel):
+
+    tested_by = {
+        "start_bits": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "target_bits": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+    }
     start_bits: int = Field(16, ge=1, le=16)
     target_bits: int = Field(16, ge=1, le=16)
 
@@ -238,16 +323,29 @@ class MoQBits(DeepSpeedConfigModel):
 
 
 class MoQSchedule(DeepSpeedConfigModel):
+
+    tested_by = {
+        "quantize_period": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "schedule_offset": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+    }
     quantize_period: int = Field(100, ge=1)
     schedule_offset: int = Field(100, ge=0)
 
 
 class MoQAlgo(DeepSpeedConfigModel):
+
+    tested_by = {
+        "q_type": "tests/plugins/compression/test_compression_config.py::test_moq_tutorial_config_loads",
+    }
     q_type: Literal["symmetric", "asymmetric"] = "symmetric"
     rounding: Literal["nearest", "stochastic"] = "nearest"
 
 
 class EigenvalueConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "verbose": "tests/plugins/comms_logging/test_comms_logger_unit.py::test_verbose_prints_the_documented_line",
+    }
     enabled: bool = False
     verbose: bool = False
     max_iter: int = Field(100, ge=1)
@@ -261,6 +359,12 @@ class EigenvalueConfig(DeepSpeedConfigModel):
 class QuantizeTrainingConfig(DeepSpeedConfigModel):
     """``quantize_training`` (MoQ): after every optimizer step each weight matrix is replaced by
     its fake-quantized value at the current bits, which step down on the documented schedule."""
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_compression_config.py::test_moq_tutorial_config_loads",
+        "quantize_verbose": "tests/plugins/compression/test_compression_config.py::test_moq_tutorial_config_loads",
+        "quantize_groups": "tests/plugins/compression/test_compression_config.py::test_moq_tutorial_config_loads",
+    }
 
     without_effect = {
         "quantizer_kernel": "there is no CUDA quantizer kernel here; the torch quantizer runs",

@@ -43,6 +43,19 @@ class ElasticityIncompatibleWorldSize(ElasticityError):
 class ElasticityConfig(DeepSpeedConfigModel):
     """Elastic training: one global batch size that many GPU counts can train with."""
 
+    tested_by = {
+        "enabled": "tests/plugins/elasticity/test_elastic_compute.py::test_bad_config_names_the_key",
+        "max_train_batch_size": "tests/plugins/elasticity/test_elastic_engine.py::test_engine_uses_the_elastic_plan",
+        "micro_batch_sizes": "tests/plugins/elasticity/test_elastic_compute.py::test_bad_config_names_the_key",
+        "min_gpus": "tests/plugins/elasticity/test_elastic_compute.py::test_bad_config_names_the_key",
+        "max_gpus": "tests/plugins/elasticity/test_elastic_compute.py::test_bad_config_names_the_key",
+        "version": "tests/plugins/elasticity/test_elastic_compute.py::test_bad_config_names_the_key",
+        "ignore_non_elastic_batch_info": "tests/plugins/elasticity/test_elastic_engine.py::test_batch_keys_next_to_elasticity",
+        "prefer_larger_batch": "tests/plugins/elasticity/test_elastic_compute.py::test_plan_matches_its_definition",
+        "model_parallel_size": "tests/plugins/elasticity/test_elastic_compute.py::test_v02_scales_by_nodes_and_trains_off_plan",
+        "num_gpus_per_node": "tests/plugins/elasticity/test_elastic_compute.py::test_v02_scales_by_nodes_and_trains_off_plan",
+    }
+
     enabled: bool = False
     max_train_batch_size: int = Field(2000, ge=1)
     """The largest acceptable global batch size."""

@@ -56,6 +56,12 @@ class MoETypeEnum(str, Enum):
 class DeepSpeedTPConfig(DeepSpeedConfigModel):
     """``tensor_parallel`` (alias ``tp``)."""
 
+    tested_by = {
+        "enabled": "tests/core/plugins/test_plugin_manager.py::test_plugin_enabled_only_by_its_config_section",
+        "tp_size": "tests/core/utils/test_groups_and_helpers.py::test_tp_model_init",
+        "mpu": "tests/core/test_plugin_boundary.py::test_the_checker_catches_planted_violations",
+    }
+
     enabled: bool = True
     tp_size: int = Field(1, ge=1)
     mpu: Any = None
@@ -63,6 +69,13 @@ class DeepSpeedTPConfig(DeepSpeedConfigModel):
 
 
 class DeepSpeedMoEConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/core/plugins/test_plugin_manager.py::test_plugin_enabled_only_by_its_config_section",
+        "ep_size": "tests/plugins/inference/test_inference_moe.py::test_without_the_moe_plugin_ep_size_is_a_clear_error",
+        "moe_experts": "tests/plugins/inference/test_inference_config.py::test_deprecated_keys_move_to_their_replacements",
+        "type": "tests/plugins/inference/test_inference_checkpoint.py::test_missing_files_are_named",
+    }
     enabled: bool = True
     ep_size: int = Field(1, ge=1)
     moe_experts: list = Field([1], validation_alias=AliasChoices("moe_experts", "num_experts",
@@ -85,19 +98,41 @@ class BaseQuantConfig(DeepSpeedConfigModel):
 
 
 class WeightQuantConfig(BaseQuantConfig):
+
+    tested_by = {
+        "enabled": "tests/plugins/compression/test_moq.py::test_fp16_mixed_quantize_blends_toward_quantized",
+        "num_bits": "tests/plugins/inference/test_inference_int8.py::test_bad_quant_settings_name_the_key",
+        "q_type": "tests/plugins/compression/test_compression_config.py::test_moq_tutorial_config_loads",
+        "q_groups": "tests/plugins/inference/test_inference_int8.py::test_bad_quant_settings_name_the_key",
+    }
     quantized_initialization: Dict = {}
     post_init_quant: Dict = {}
 
 
 class ActivationQuantConfig(BaseQuantConfig):
+
+    tested_by = {
+        "enabled": "tests/core/plugins/test_plugin_manager.py::test_plugin_enabled_only_by_its_config_section",
+        "num_bits": "tests/plugins/inference/test_inference_int8.py::test_bad_quant_settings_name_the_key",
+        "q_type": "tests/plugins/compression/test_compression_config.py::test_moq_tutorial_config_loads",
+        "q_groups": "tests/plugins/inference/test_inference_int8.py::test_bad_quant_settings_name_the_key",
+    }
     pass
 
 
 class QKVQuantConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/core/plugins/test_plugin_manager.py::test_plugin_enabled_only_by_its_config_section",
+    }
     enabled: bool = True
 
 
 class QuantizationConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "enabled": "tests/core/plugins/test_plugin_manager.py::test_plugin_enabled_only_by_its_config_section",
+    }
     enabled: bool = True
     activation: ActivationQuantConfig = Field(default_factory=ActivationQuantConfig)
     weight: WeightQuantConfig = Field(default_factory=WeightQuantConfig)
@@ -105,6 +140,11 @@ class QuantizationConfig(DeepSpeedConfigModel):
 
 
 class InferenceCheckpointConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "checkpoint_dir": "tests/plugins/inference/test_inference_config.py::test_aliases_and_names_both_work",
+        "save_mp_checkpoint_path": "tests/plugins/inference/test_inference_checkpoint.py::test_unimplemented_checkpoint_options_are_named",
+    }
     checkpoint_dir: Optional[str] = None
     save_mp_checkpoint_path: Optional[str] = None
     base_dir: Optional[str] = None
@@ -127,6 +167,28 @@ _SUB_ALIASES = {"tensor_parallel": ("tensor_parallel", "tp"), "moe": ("moe",)}
 
 class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
     """The documented ``init_inference`` fields (``deepspeed.inference.config``)."""
+
+    tested_by = {
+        "replace_with_kernel_inject": "tests/plugins/inference/test_inference_kernel_inject.py::test_cpu_falls_back_with_one_log_line",
+        "dtype": "tests/plugins/inference/test_inference_cuda_graph.py::test_refused_without_cuda",
+        "enable_cuda_graph": "tests/plugins/inference/test_inference_cuda_graph.py::test_refused_without_cuda",
+        "zero": "tests/plugins/zero/test_zero_compat_paths.py::test_enabled_by_a_nonzero_stage",
+        "triangular_masking": "tests/plugins/inference/test_inference_config.py::test_aliases_and_names_both_work",
+        "checkpoint": "tests/plugins/inference/test_inference_checkpoint.py::test_a_checkpoint_lacking_a_parameter_names_it",
+        "save_mp_checkpoint_path": "tests/plugins/inference/test_inference_checkpoint.py::test_unimplemented_checkpoint_options_are_named",
+        "return_tuple": "tests/core/ops/test_transformer_kernel.py::test_return_tuple_eval_and_fp16_on_cpu",
+        "training_mp_size": "tests/plugins/inference/test_inference_checkpoint.py::test_unimplemented_checkpoint_options_are_named",
+        "replace_method": "tests/plugins/inference/test_inference_config.py::test_auto_is_dropped_except_replace_method",
+        "injection_policy": "tests/plugins/inference/test_inference_autotp.py::test_tp2_equals_single_process",
+        "config": "tests/plugins/inference/test_inference_config.py::test_init_inference_cases",
+        "max_out_tokens": "tests/plugins/inference/test_inference_config.py::test_generate_passthrough_and_max_out_tokens",
+        "min_out_tokens": "tests/plugins/inference/test_inference_config.py::test_aliases_and_names_both_work",
+        "mp_size": "tests/plugins/inference/test_inference_config.py::test_deprecated_keys_move_to_their_replacements",
+        "mpu": "tests/core/test_plugin_boundary.py::test_the_checker_catches_planted_violations",
+        "ep_size": "tests/plugins/inference/test_inference_moe.py::test_without_the_moe_plugin_ep_size_is_a_clear_error",
+        "moe_experts": "tests/plugins/inference/test_inference_config.py::test_deprecated_keys_move_to_their_replacements",
+        "moe_type": "tests/plugins/inference/test_inference_config.py::test_deprecated_keys_move_to_their_replacements",
+    }
 
     replace_with_kernel_inject: bool = Field(False, alias="kernel_inject")
     dtype: DtypeEnum = DtypeEnum.fp16

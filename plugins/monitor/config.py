@@ -17,6 +17,12 @@ DEFAULT_JOB_NAME = "DeepSpeedJobName"
 class TensorBoardConfig(DeepSpeedConfigModel):
     """Scalars to TensorBoard event files under ``output_path/job_name``."""
 
+    tested_by = {
+        "enabled": "tests/plugins/monitor/test_monitor_engine.py::test_plugin_hooks_run_only_when_a_backend_is_enabled",
+        "output_path": "tests/plugins/monitor/test_monitor_master.py::test_tensorboard_backend_writes_readable_scalars",
+        "job_name": "tests/plugins/monitor/test_monitor_master.py::test_tensorboard_backend_writes_readable_scalars",
+    }
+
     enabled: bool = False
     output_path: Optional[str] = ""
     job_name: str = DEFAULT_JOB_NAME
@@ -24,6 +30,12 @@ class TensorBoardConfig(DeepSpeedConfigModel):
 
 class WandbConfig(DeepSpeedConfigModel):
     """Scalars to a Weights & Biases run; ``team`` is the W&B entity."""
+
+    tested_by = {
+        "enabled": "tests/plugins/monitor/test_monitor_master.py::test_documented_defaults",
+        "group": "tests/plugins/monitor/test_monitor_master.py::test_wandb_offline_run_is_created",
+        "project": "tests/plugins/monitor/test_monitor_master.py::test_wandb_offline_run_is_created",
+    }
 
     enabled: bool = False
     group: Optional[str] = None
@@ -34,6 +46,12 @@ class WandbConfig(DeepSpeedConfigModel):
 class CSVConfig(DeepSpeedConfigModel):
     """One CSV file per event name under ``output_path/job_name``."""
 
+    tested_by = {
+        "enabled": "tests/plugins/monitor/test_monitor_engine.py::test_plugin_hooks_run_only_when_a_backend_is_enabled",
+        "output_path": "tests/plugins/monitor/test_monitor_master.py::test_a_deepspeed_config_is_accepted",
+        "job_name": "tests/plugins/monitor/test_monitor_master.py::test_user_events_go_to_one_csv_file_per_name",
+    }
+
     enabled: bool = False
     output_path: Optional[str] = ""
     job_name: str = DEFAULT_JOB_NAME
@@ -43,6 +61,15 @@ class CometConfig(DeepSpeedConfigModel):
     """Scalars to a Comet experiment. ``online: false`` keeps the experiment on disk
     (``comet_ml`` offline mode); ``samples_log_interval`` throttles each series to at most one
     point per that many samples."""
+
+    tested_by = {
+        "enabled": "tests/plugins/monitor/test_monitor_master.py::test_documented_defaults",
+        "samples_log_interval": "tests/plugins/monitor/test_monitor_master.py::test_comet_offline_experiment_logs_with_the_sample_interval",
+        "project": "tests/plugins/monitor/test_monitor_master.py::test_comet_offline_experiment_logs_with_the_sample_interval",
+        "experiment_key": "tests/plugins/monitor/test_monitor_master.py::test_bad_values_name_the_key",
+        "online": "tests/plugins/monitor/test_monitor_master.py::test_comet_offline_experiment_logs_with_the_sample_interval",
+        "mode": "tests/plugins/monitor/test_monitor_master.py::test_bad_values_name_the_key",
+    }
 
     enabled: bool = False
     samples_log_interval: int = Field(100, gt=0)

@@ -35,6 +35,22 @@ CLASSES = {"dense": DenseSparsityConfig, "fixed": FixedSparsityConfig,
 
 
 class SparseAttentionConfig(DeepSpeedConfigModel):
+
+    tested_by = {
+        "mode": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_unknown_mode_and_bad_combinations",
+        "block": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "different_layout_per_head": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "num_local_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "num_global_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "attention": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "horizontal_global_attention": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "num_different_global_patterns": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_unknown_mode_and_bad_combinations",
+        "num_random_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "local_window_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "global_block_indices": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "global_block_end_indices": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+        "num_sliding_window_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
+    }
     mode: Literal["dense", "fixed", "variable", "bigbird", "bslongformer"] = "fixed"
     block: int = 16
     different_layout_per_head: bool = False

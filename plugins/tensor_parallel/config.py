@@ -22,6 +22,11 @@ SECTION = "tensor_parallel"
 class TPConfig(DeepSpeedConfigModel):
     """``tensor_parallel.tensor_parallel``: upstream's nested inference-style block."""
 
+    tested_by = {
+        "tp_size": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::test_section_validation",
+        "mpu": "tests/core/test_plugin_boundary.py::test_the_checker_catches_planted_violations",
+    }
+
     tp_size: int = Field(1, ge=1)
     tp_grain_size: int = Field(1, ge=1)
     mpu: Any = None
@@ -30,6 +35,11 @@ class TPConfig(DeepSpeedConfigModel):
 
 class TensorParallelTrainingConfig(DeepSpeedConfigModel):
     """``tensor_parallel``: AutoTP training."""
+
+    tested_by = {
+        "autotp_size": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::test_section_validation",
+        "replace_with_kernel_inject": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::test_section_validation",
+    }
 
     autotp_size: int = Field(0, ge=0)
     tp_overlap_comm: bool = False

@@ -16,6 +16,14 @@ __all__ = ["AioConfig"]
 class AioConfig(DeepSpeedConfigModel):
     """Parameters of `deepspeed.ops.aio.aio_handle` for the NVMe swapper."""
 
+    tested_by = {
+        "block_size": "tests/plugins/zero/test_zero_compat_paths.py::test_enabled_by_a_nonzero_stage",
+        "queue_depth": "tests/plugins/zero/test_zero_config.py::test_aio_defaults_alias_and_handle_kwargs",
+        "intra_op_parallelism": "tests/op_builder/test_aio.py::test_package_entry_points_agree",
+        "single_submit": "tests/plugins/zero/test_zero_config.py::test_aio_defaults_alias_and_handle_kwargs",
+        "overlap_events": "tests/plugins/zero/test_zero_config.py::test_aio_defaults_alias_and_handle_kwargs",
+    }
+
     block_size: int = Field(1_048_576, gt=0, description="bytes per I/O request")
     queue_depth: int = Field(8, gt=0, description="I/O requests in flight")
     intra_op_parallelism: Annotated[int, deprecated_alias("thread_count")] = Field(

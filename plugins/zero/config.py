@@ -85,6 +85,39 @@ _INT_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "allgather_size", "
 class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     """`zero_optimization`: which ZeRO stage runs and how it buckets, overlaps and offloads."""
 
+    tested_by = {
+        "stage": "tests/plugins/zero/test_zero_compat_paths.py::test_enabled_by_a_nonzero_stage",
+        "contiguous_gradients": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "reduce_scatter": "tests/plugins/moe/test_moe_zero.py::test_zero_2_small_buckets_and_no_clipping",
+        "reduce_bucket_size": "tests/plugins/moe/test_moe_zero.py::test_zero_2_small_buckets_and_no_clipping",
+        "use_multi_rank_bucket_allreduce": "tests/plugins/zero/test_zero_config.py::test_defaults_equal_the_documented_table",
+        "allgather_partitions": "tests/plugins/zero/test_zero_training.py::test_layout_and_collective_choices_do_not_change_the_math",
+        "allgather_bucket_size": "tests/plugins/moe/test_moe_zero.py::test_zero_2_small_buckets_and_no_clipping",
+        "allgather_size": "tests/plugins/zero/test_zero_config.py::test_legacy_boolean_form",
+        "overlap_comm": "tests/plugins/autotuning/test_autotuning_space.py::test_nothing_to_tune_names_the_fixed_values",
+        "load_from_fp32_weights": "tests/plugins/zero/test_zero_checkpoint.py::test_resume_on_the_same_ranks_continues_exactly",
+        "elastic_checkpoint": "tests/plugins/zero/test_zero_checkpoint.py::test_another_world_size_needs_elastic_checkpoint",
+        "cpu_offload_use_pin_memory": "tests/plugins/zero/test_zero_config.py::test_defaults_equal_the_documented_table",
+        "sub_group_size": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "prefetch_bucket_size": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "param_persistence_threshold": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "model_persistence_threshold": "tests/plugins/zero/test_zero_config.py::test_defaults_equal_the_documented_table",
+        "max_live_parameters": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "max_reuse_distance": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "gather_16bit_weights_on_model_save": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "ignore_unused_parameters": "tests/plugins/zero/test_zero_partitioning.py::test_unused_parameters_rejected_when_asked",
+        "legacy_stage1": "tests/plugins/zero/test_zero_config.py::test_defaults_equal_the_documented_table",
+        "zero_hpz_partition_size": "tests/plugins/zero/test_zeropp_compose.py::test_all_flags_compose",
+        "zero_quantized_weights": "tests/plugins/zero/test_zeropp_compose.py::test_all_flags_compose",
+        "zero_quantized_nontrainable_weights": "tests/plugins/zero/test_zeropp_compose.py::test_impossible_combinations_are_refused_with_the_keys_named",
+        "zero_quantized_gradients": "tests/plugins/zero/test_zeropp_compose.py::test_all_flags_compose",
+        "mics_shard_size": "tests/plugins/zero/test_zero_mics.py::test_mics_init_needs_a_config_with_a_shard_size",
+        "mics_hierarchical_params_gather": "tests/plugins/zero/test_zero_mics.py::test_combinations_that_cannot_work_are_refused_at_initialize",
+        "memory_efficient_linear": "tests/plugins/zero/test_zero_config.py::test_defaults_equal_the_documented_table",
+        "pipeline_loading_checkpoint": "tests/plugins/zero/test_zero_config.py::test_defaults_equal_the_documented_table",
+        "override_module_apply": "tests/plugins/zero/test_zero_config.py::test_defaults_equal_the_documented_table",
+    }
+
     stage: ZeroStageEnum = ZeroStageEnum.disabled
     contiguous_gradients: bool = True
     reduce_scatter: bool = True

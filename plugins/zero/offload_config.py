@@ -65,6 +65,15 @@ class _OffloadBase(DeepSpeedConfigModel):
 class DeepSpeedZeroOffloadParamConfig(_OffloadBase):
     """`zero_optimization.offload_param` (ZeRO stage 3 only): partitioned params on CPU or NVMe."""
 
+    tested_by = {
+        "device": "tests/plugins/zero/test_zeropp_compose.py::test_all_flags_compose",
+        "nvme_path": "tests/plugins/zero/test_zero_debug_access.py::test_nvme_sub_groups_match_reference",
+        "pin_memory": "tests/plugins/zero/test_zero_gpu.py::test_zero_on_one_gpu_matches_adamw",
+        "buffer_count": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "buffer_size": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+        "max_in_cpu": "tests/plugins/zero/test_zero_config.py::test_hf_nvme_example_with_nested_aio_and_auto_values",
+    }
+
     buffer_count: int = Field(5, ge=0, description="buffers in the NVMe parameter buffer pool")
     buffer_size: int = Field(100_000_000, ge=0, description="elements per NVMe parameter buffer")
     max_in_cpu: int = Field(1_000_000_000, ge=0,
@@ -73,6 +82,15 @@ class DeepSpeedZeroOffloadParamConfig(_OffloadBase):
 
 class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
     """`zero_optimization.offload_optimizer` (stages 1-3): optimizer state and step on CPU/NVMe."""
+
+    tested_by = {
+        "device": "tests/plugins/zero/test_zero_hooks.py::test_zero_answers_optimizer_device_and_sharding",
+        "nvme_path": "tests/plugins/zero/test_zero_debug_access.py::test_nvme_sub_groups_match_reference",
+        "pin_memory": "tests/plugins/zero/test_zero_gpu.py::test_zero_on_one_gpu_matches_adamw",
+        "buffer_count": "tests/plugins/zero/test_zero_config.py::test_negative_int_knobs_are_rejected",
+        "pipeline_write": "tests/plugins/zero/test_zero_config.py::test_offload_defaults_equal_the_documented_tables",
+        "ratio": "tests/plugins/zero/test_zero_config.py::test_ratio_bounds_and_partial_offload_needs_stage3",
+    }
 
     buffer_count: int = Field(4, ge=0, description="NVMe swap buffers; at least the optimizer states "
                                                    "per parameter (Adam: param, grad, momentum, variance)")

@@ -172,6 +172,10 @@ class ZeroPlugin(DeepSpeedPlugin):
     config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig,
                        ALLOW_UNTESTED: StrictBool, FORCE_DS_CPU: StrictBool}
     enabled_by = "zero_optimization.stage > 0"
+    tested_by = {
+        ALLOW_UNTESTED: "tests/plugins/zero/test_zero_partitioning.py::test_documented_refusals",
+        FORCE_DS_CPU: "tests/plugins/zero/test_zero_partitioning.py::test_documented_refusals",
+    }
 
     def is_enabled(self, config, sections):
         return _stage(config) > 0
