@@ -229,6 +229,10 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
         if opt is not None and opt.enabled and opt.ratio < 1.0 and stage < ZeroStageEnum.weights:
             raise ValueError("Partial offloading only supported for ZeRO Stage 3 "
                              f"(offload_optimizer.ratio={opt.ratio}, stage is {stage})")
+        if opt is not None and opt.enabled and opt.ratio < 1.0 and self.zenflow is not None:
+            raise ValueError(f"offload_optimizer.ratio={opt.ratio} (partial offload) does not "
+                             f"combine with zenflow, which chooses itself what the CPU steps "
+                             f"(zenflow.topk_ratio); use one or the other")
         self._apply_legacy_pin_memory()
         return self
 

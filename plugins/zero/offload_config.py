@@ -89,7 +89,8 @@ class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
         "pin_memory": "tests/plugins/zero/test_zero_gpu.py::test_zero_on_one_gpu_matches_adamw",
         "buffer_count": "tests/plugins/zero/test_zero_config.py::test_negative_int_knobs_are_rejected",
         "pipeline_write": "tests/plugins/zero/test_zero_config.py::test_offload_defaults_equal_the_documented_tables",
-        "ratio": "tests/plugins/zero/test_zero_config.py::test_ratio_bounds_and_partial_offload_needs_stage3",
+        "ratio": "tests/plugins/zero/test_zero_partial_offload.py::"
+                 "test_half_the_optimizer_state_is_offloaded_and_training_equals_full_offload",
     }
 
     buffer_count: int = Field(4, ge=0, description="NVMe swap buffers; at least the optimizer states "
@@ -97,8 +98,10 @@ class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
     pipeline_read: bool = False
     pipeline_write: bool = False
     fast_init: bool = False
-    ratio: float = Field(1.0, ge=0.0, le=1.0, description="fraction of optimizer states offloaded "
-                                                           "(< 1 is partial offload, stage 3 only)")
+    ratio: float = Field(1.0, ge=0.0, le=1.0, description="fraction of each rank's optimizer state "
+                         "(fp32 masters and moments) on the offload device, stepped there; the "
+                         "rest stays on the accelerator and is stepped there (< 1 is partial "
+                         "offload, stage 3 only; deepspeed.zero.offload.partial)")
 
     @property
     def pipeline(self) -> bool:
