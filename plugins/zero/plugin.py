@@ -132,7 +132,8 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
                       zero_config.model_persistence_threshold)
     return ParameterCoordinator(engine.module, zero_config.prefetch_bucket_size,
                                 zero_config.max_live_parameters,
-                                zero_config.max_reuse_distance).install()
+                                zero_config.max_reuse_distance,
+                                zero_config.memory_efficient_linear).install()
 
 
 def _setup_zeropp(engine, zero_config, coordinator):
@@ -153,7 +154,9 @@ def _nvme_swapper_factory(engine, zero_config, aio_config):
     def build(optimizer):
         return OptimizerStateSwapper(optimizer, path, rank, aio_kwargs=aio_config.handle_kwargs(),
                                      pin_memory=bool(offload.pin_memory),
-                                     buffer_count=int(offload.buffer_count))
+                                     buffer_count=int(offload.buffer_count),
+                                     read_ahead=offload.pipeline_read,
+                                     write_behind=offload.pipeline_write)
 
     return build
 

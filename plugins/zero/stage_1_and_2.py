@@ -434,17 +434,20 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                     self._write_back(chunk, segments)
 
     def _step_sub_groups(self):
-        """NVMe: one sub-group resident at a time, the next one read ahead while it steps."""
+        """NVMe: one sub-group in memory at a time; with ``pipeline_read`` the next one is read
+        while it steps, with ``pipeline_write`` its write runs while the next one steps."""
         order = [(g, i) for g, chunks in enumerate(self.chunks) for i in range(len(chunks))
                  if id(chunks[i]) not in self._resident]
         real_groups = self.optimizer.param_groups
         try:
             for position, (group, index) in enumerate(order):
-                if position + 1 < len(order):
-                    nxt = order[position + 1]
-                    self.swapper.prefetch(self.chunks[nxt[0]][nxt[1]])
                 chunk = self.chunks[group][index]
                 self.swapper.swap_in(chunk)
+                if self.swapper.read_ahead and position + 1 < len(order):
+                    # offload_optimizer.pipeline_read: the next sub-group is read while this
+                    # one steps
+                    nxt = order[position + 1]
+                    self.swapper.prefetch(self.chunks[nxt[0]][nxt[1]])
                 self._attach_grads([chunk])
                 # a private copy of the group, so group-level counters advance once per step
                 single = dict(real_groups[group], params=[chunk])

@@ -46,8 +46,9 @@ def test_no_key_is_merely_ignored():
 
 @functools.lru_cache(maxsize=None)
 def _test_sources(path):
-    """{test name or Class::test: its source with decorators and the module-level constants
-    it reads} of one test file."""
+    """{test name or Class::test: its source with decorators, and the module-level constants
+    and helper functions it names (a test often builds its config in a helper it runs on the
+    ranks)} of one test file."""
     text = (ROOT / path).read_text(encoding="utf-8")
     tree = ast.parse(text)
     constants = {}
@@ -57,6 +58,9 @@ def _test_sources(path):
             for target in targets:
                 if isinstance(target, ast.Name):
                     constants[target.id] = ast.get_source_segment(text, node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and not node.name.startswith("test"):
+            constants[node.name] = ast.get_source_segment(text, node)
     found = {}
 
     def add(node, prefix=""):
