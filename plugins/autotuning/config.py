@@ -26,7 +26,6 @@ LAUNCH = "tests/plugins/autotuning/test_autotuning_launch.py::"
 class ModelInfoConfig(DeepSpeedConfigModel):
     """What the profiling run measures (or what the user already knows about the model)."""
 
-
     tested_by = {
         "profile": KEYS + "test_metric_path_and_model_info_profile_switch_the_probe_plugin_on",
         "num_params": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
@@ -68,7 +67,6 @@ class AutotuningConfig(DeepSpeedConfigModel):
         "metric_path": KEYS + "test_metric_path_and_model_info_profile_switch_the_probe_plugin_on",
         "model_info_path": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
     }
-
 
     enabled: bool = False
     results_dir: str = "autotuning_results"

@@ -65,7 +65,6 @@ class DeepSpeedTPConfig(DeepSpeedConfigModel):
         "tp_group": TESTS + "test_inference_autotp.py::test_tp2_equals_single_process",
     }
 
-
     enabled: bool = True
     tp_size: int = Field(1, ge=1)
     mpu: Any = None
@@ -228,7 +227,6 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
         "ep_mp_group": "the expert-parallel groups are the ones the deepspeed.moe.layer.MoE "
                        "layers built (MoE(..., ep_size=...))",
     }
-
 
     replace_with_kernel_inject: bool = Field(False, alias="kernel_inject")
     dtype: DtypeEnum = DtypeEnum.fp16

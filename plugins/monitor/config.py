@@ -14,14 +14,16 @@ from deepspeed.config import DeepSpeedConfigModel
 DEFAULT_JOB_NAME = "DeepSpeedJobName"
 
 
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+MASTER = "tests/plugins/monitor/test_monitor_master.py::"
+KEYS = "tests/plugins/monitor/test_monitor_keys.py::"
+
+
 class TensorBoardConfig(DeepSpeedConfigModel):
     """Scalars to TensorBoard event files under ``output_path/job_name``."""
 
-    tested_by = {
-        "enabled": "tests/plugins/monitor/test_monitor_engine.py::test_plugin_hooks_run_only_when_a_backend_is_enabled",
-        "output_path": "tests/plugins/monitor/test_monitor_master.py::test_tensorboard_backend_writes_readable_scalars",
-        "job_name": "tests/plugins/monitor/test_monitor_master.py::test_tensorboard_backend_writes_readable_scalars",
-    }
+    tested_by = dict.fromkeys(("enabled", "output_path", "job_name"),
+                              MASTER + "test_tensorboard_backend_writes_readable_scalars")
 
     enabled: bool = False
     output_path: Optional[str] = ""
@@ -31,11 +33,8 @@ class TensorBoardConfig(DeepSpeedConfigModel):
 class WandbConfig(DeepSpeedConfigModel):
     """Scalars to a Weights & Biases run; ``team`` is the W&B entity."""
 
-    tested_by = {
-        "enabled": "tests/plugins/monitor/test_monitor_master.py::test_documented_defaults",
-        "group": "tests/plugins/monitor/test_monitor_master.py::test_wandb_offline_run_is_created",
-        "project": "tests/plugins/monitor/test_monitor_master.py::test_wandb_offline_run_is_created",
-    }
+    tested_by = dict.fromkeys(("enabled", "group", "team", "project"),
+                              KEYS + "test_every_wandb_key_reaches_wandb_init")
 
     enabled: bool = False
     group: Optional[str] = None
@@ -46,11 +45,8 @@ class WandbConfig(DeepSpeedConfigModel):
 class CSVConfig(DeepSpeedConfigModel):
     """One CSV file per event name under ``output_path/job_name``."""
 
-    tested_by = {
-        "enabled": "tests/plugins/monitor/test_monitor_engine.py::test_plugin_hooks_run_only_when_a_backend_is_enabled",
-        "output_path": "tests/plugins/monitor/test_monitor_master.py::test_a_deepspeed_config_is_accepted",
-        "job_name": "tests/plugins/monitor/test_monitor_master.py::test_user_events_go_to_one_csv_file_per_name",
-    }
+    tested_by = dict.fromkeys(("enabled", "output_path", "job_name"),
+                              MASTER + "test_user_events_go_to_one_csv_file_per_name")
 
     enabled: bool = False
     output_path: Optional[str] = ""
@@ -63,12 +59,11 @@ class CometConfig(DeepSpeedConfigModel):
     point per that many samples."""
 
     tested_by = {
-        "enabled": "tests/plugins/monitor/test_monitor_master.py::test_documented_defaults",
-        "samples_log_interval": "tests/plugins/monitor/test_monitor_master.py::test_comet_offline_experiment_logs_with_the_sample_interval",
-        "project": "tests/plugins/monitor/test_monitor_master.py::test_comet_offline_experiment_logs_with_the_sample_interval",
-        "experiment_key": "tests/plugins/monitor/test_monitor_master.py::test_bad_values_name_the_key",
-        "online": "tests/plugins/monitor/test_monitor_master.py::test_comet_offline_experiment_logs_with_the_sample_interval",
-        "mode": "tests/plugins/monitor/test_monitor_master.py::test_bad_values_name_the_key",
+        **dict.fromkeys(("enabled", "project", "workspace", "api_key", "experiment_name",
+                         "experiment_key", "online", "mode"),
+                        KEYS + "test_every_comet_key_reaches_comet_ml_start"),
+        "samples_log_interval": MASTER + "test_comet_offline_experiment_logs_with_the_sample_"
+                                         "interval",
     }
 
     enabled: bool = False
