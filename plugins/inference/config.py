@@ -59,10 +59,10 @@ class DeepSpeedTPConfig(DeepSpeedConfigModel):
     """``tensor_parallel`` (alias ``tp``)."""
 
     tested_by = {
-        "enabled": TESTS + "test_inference_config.py::test_tp_alias_and_doc_example",
+        "enabled": KEY_TESTS + "test_tensor_parallel_enabled_false_splits_nothing",
         "tp_size": TESTS + "test_inference_autotp.py::test_tp2_equals_single_process",
-        "mpu": TESTS + "test_inference_autotp.py::test_tp2_equals_single_process",
-        "tp_group": TESTS + "test_inference_autotp.py::test_tp2_equals_single_process",
+        **dict.fromkeys(("mpu", "tp_group"),
+                        KEY_TESTS + "test_tensor_parallel_group_comes_from_tp_group_or_mpu"),
     }
 
     enabled: bool = True
@@ -73,8 +73,7 @@ class DeepSpeedTPConfig(DeepSpeedConfigModel):
 
 class DeepSpeedMoEConfig(DeepSpeedConfigModel):
     tested_by = {
-        "enabled": TESTS + "test_inference_moe.py::test_deepspeed_moe_expert_parallel_from_full_"
-                       "checkpoint",
+        "enabled": KEY_TESTS + "test_moe_enabled_false_asks_for_no_expert_parallelism",
         "ep_size": TESTS + "test_inference_moe.py::test_moe_settings_errors",
         "moe_experts": TESTS + "test_inference_moe.py::test_moe_settings_errors",
         "type": TESTS + "test_inference_moe.py::test_moe_settings_errors",
@@ -109,7 +108,7 @@ class WeightQuantConfig(BaseQuantConfig):
     tested_by = {
         "enabled": KEY_TESTS + "test_activation_quantization_quantizes_each_layer_input",
         "num_bits": TESTS + "test_inference_int8.py::test_bad_quant_settings_name_the_key",
-        "q_type": TESTS + "test_inference_int8.py::test_quantize_round_trip_within_half_a_step",
+        "q_type": KEY_TESTS + "test_weight_q_type_asymmetric_keeps_zero_points",
         "q_groups": TESTS + "test_inference_int8.py::test_linear_output_within_documented_bound",
     }
     without_effect = dict.fromkeys(
@@ -203,7 +202,7 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
         "min_out_tokens": KEY_TESTS + "test_min_out_tokens_must_fit_within_max_out_tokens",
         "mp_size": TESTS + "test_inference_config.py::test_deprecated_keys_move_to_their_"
                        "replacements",
-        "mpu": TESTS + "test_inference_config.py::test_deprecated_keys_move_to_their_replacements",
+        "mpu": KEY_TESTS + "test_tensor_parallel_group_comes_from_tp_group_or_mpu",
         "ep_size": TESTS + "test_inference_moe.py::test_moe_settings_errors",
         "moe_experts": TESTS + "test_inference_config.py::test_deprecated_keys_move_to_their_"
                            "replacements",

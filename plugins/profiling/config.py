@@ -6,15 +6,21 @@ from pydantic import Field
 from deepspeed.config import DeepSpeedConfigModel
 
 
+
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+ENGINE = "tests/plugins/profiling/test_flops_profiler_engine.py::"
+
 class FlopsProfilerConfig(DeepSpeedConfigModel):
     """Profile one training step's forward from the config, with no code change."""
 
+    # what each key does here (see deepspeed.config.model)
     tested_by = {
-        "enabled": "tests/core/config/test_deepspeed_config.py::test_documented_feature_key_without_plugin",
-        "profile_step": "tests/plugins/profiling/test_flops_profiler_engine.py::test_disabled_plugin_runs_no_hook",
-        "module_depth": "tests/plugins/profiling/test_flops_profiler.py::test_print_depth_and_detail_switches",
-        "detailed": "tests/plugins/profiling/test_flops_profiler.py::test_print_depth_and_detail_switches",
-        "output_file": "tests/plugins/profiling/test_flops_profiler.py::test_print_model_profile_to_file",
+        **dict.fromkeys(("enabled", "profile_step"),
+                        ENGINE + "test_engine_profiles_the_configured_step_once"),
+        **dict.fromkeys(("recompute_fwd_factor", "top_modules", "module_depth", "detailed"),
+                        ENGINE + "test_recompute_fwd_factor_top_modules_depth_and_detail_shape_"
+                                 "the_report"),
+        "output_file": ENGINE + "test_two_ranks_rank0_writes_output_file",
     }
 
     enabled: bool = False

@@ -22,11 +22,6 @@ SECTION = "tensor_parallel"
 class TPConfig(DeepSpeedConfigModel):
     """``tensor_parallel.tensor_parallel``: upstream's nested inference-style block."""
 
-    tested_by = {
-        "tp_size": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::test_section_validation",
-        "mpu": "tests/core/test_plugin_boundary.py::test_the_checker_catches_planted_violations",
-    }
-
     tp_size: int = Field(1, ge=1)
     tp_grain_size: int = Field(1, ge=1)
     mpu: Any = None
@@ -36,9 +31,20 @@ class TPConfig(DeepSpeedConfigModel):
 class TensorParallelTrainingConfig(DeepSpeedConfigModel):
     """``tensor_parallel``: AutoTP training."""
 
+    # what each key does here (see deepspeed.config.model)
     tested_by = {
-        "autotp_size": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::test_section_validation",
-        "replace_with_kernel_inject": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::test_section_validation",
+        "autotp_size": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::"
+                       "test_bad_tensor_parallel_input_is_a_clear_error",
+        "injection_policy_tuple": "tests/plugins/tensor_parallel/test_tp_keys.py::"
+                                  "test_injection_policy_tuple_names_the_row_parallel_layers",
+    }
+    refused = {
+        "replace_with_kernel_inject": "AutoTP training uses no fused inference kernels; leave it "
+                                      "false (init_inference has kernel injection)",
+        **dict.fromkeys(
+            ("tensor_parallel.tp_size", "tensor_parallel.mpu", "tensor_parallel.tp_group"),
+            "the nested block holds init_inference's settings; for training set "
+            "tensor_parallel.autotp_size"),
     }
 
     autotp_size: int = Field(0, ge=0)

@@ -10,6 +10,7 @@ by tools/spec/extract_config_keys.py.
 import ast
 import functools
 import re
+import textwrap
 
 import pytest
 from docs_paths import ROOT
@@ -52,6 +53,13 @@ def _test_sources(path):
     text = (ROOT / path).read_text(encoding="utf-8")
     tree = ast.parse(text)
     constants = {}
+    for node in tree.body:  # helpers imported from a module next to the test file
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            helper = (ROOT / path).parent / f"{node.module}.py"
+            if helper.is_file():
+                defined = _definitions(helper)
+                constants.update((a.asname or a.name, defined[a.name]) for a in node.names
+                                 if a.name in defined)
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -66,7 +74,10 @@ def _test_sources(path):
     def add(node, prefix=""):
         start = min([d.lineno for d in node.decorator_list] + [node.lineno])
         source = "\n".join(text.splitlines()[start - 1:node.end_lineno])
-        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        used = _names_in(source)
+        for _ in range(2):  # what the helpers it names use in turn (a worker's config constant)
+            used |= {name for known in sorted(used & set(constants))
+                     for name in _names_in(constants[known])}
         source += "\n".join(constants[name] for name in sorted(used & set(constants)))
         found[prefix + node.name] = source
 
@@ -77,6 +88,27 @@ def _test_sources(path):
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     add(item, node.name + "::")
+    return found
+
+
+def _names_in(source):
+    """The names a piece of source reads (a method cut out of its class is dedented first)."""
+    return {n.id for n in ast.walk(ast.parse(textwrap.dedent(source)))
+            if isinstance(n, ast.Name)}
+
+
+@functools.lru_cache(maxsize=None)
+def _definitions(path):
+    """{name: source} of the module-level functions and assignments of a helper module."""
+    text = path.read_text(encoding="utf-8")
+    found = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found[node.name] = ast.get_source_segment(text, node)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = ast.get_source_segment(text, node)
     return found
 
 
@@ -113,7 +145,7 @@ def test_each_implemented_key_names_a_test_that_exists_and_sets_the_key():
 def _row_spellings():
     """Every way to write each row's full path (aliases and deprecated names of the key and of
     the sections above it), and the rows that hold free-form values."""
-    spelled = {}  # full path -> set of spellings
+    spelled = {key: {key} for key, _, _ in ref.all_sections() if key}  # the sections
     free_form = set()
     for full, row in effects():
         parent, _, leaf = full.rpartition(".")

@@ -199,3 +199,58 @@ def test_keys_without_effect_here_warn_once_naming_themselves(caplog, key, value
         reset_without_effect_warnings()
     warned = [r.getMessage() for r in caplog.records if "has no effect here" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith(f"init_inference.{named} "), warned
+
+
+# ---------------------------------------------------------------------- tensor_parallel / moe
+def _split_over(how):
+    from deepspeed import comm as dist
+
+    model, _ = build("llama")
+    if how == "tp_group":
+        group = dist.new_group(ranks=[0, 1])
+        engine = deepspeed.init_inference(model, dtype=torch.float,
+                                          tensor_parallel={"tp_size": 2, "tp_group": group})
+        return engine.mp_group is group, engine.mp_world_size
+    if how in ("mpu", "deprecated mpu"):
+        group = dist.new_group(ranks=[0, 1])
+
+        class MPU:
+            def get_model_parallel_group(self):
+                return group
+
+            def get_model_parallel_rank(self):
+                return dist.get_rank()
+
+        if how == "mpu":
+            engine = deepspeed.init_inference(model, dtype=torch.float,
+                                              tensor_parallel={"tp_size": 2, "mpu": MPU()})
+        else:
+            engine = deepspeed.init_inference(model, dtype=torch.float, mp_size=2, mpu=MPU())
+        return engine.mp_group is group, engine.mp_world_size
+    engine = deepspeed.init_inference(model, dtype=torch.float,
+                                      tensor_parallel={"tp_size": 2, "enabled": False})
+    return engine.mp_group is None, engine.mp_world_size
+
+
+@pytest.mark.parametrize("how", ["tp_group", "mpu", "deprecated mpu"])
+def test_tensor_parallel_group_comes_from_tp_group_or_mpu(dist_pool, how):
+    assert dist_pool.run(_split_over, world_size=2, args=(how,)) == [(True, 2)] * 2
+
+
+def test_tensor_parallel_enabled_false_splits_nothing(dist_pool):
+    assert dist_pool.run(_split_over, world_size=2, args=("enabled",)) == [(True, 1)] * 2
+
+
+def test_moe_enabled_false_asks_for_no_expert_parallelism():
+    deepspeed.init_inference(torch.nn.Linear(4, 4), dtype=torch.float,
+                             moe={"enabled": False, "ep_size": 2})  # nothing to place
+    with pytest.raises(ValueError, match="moe.ep_size=2"):
+        deepspeed.init_inference(torch.nn.Linear(4, 4), dtype=torch.float,
+                                 moe={"enabled": True, "ep_size": 2})
+
+
+def test_weight_q_type_asymmetric_keeps_zero_points():
+    symmetric = _int8({"activation": {"enabled": False}})
+    asymmetric = _int8({"activation": {"enabled": False}, "weight": {"q_type": "asymmetric"}})
+    assert int8_parts(symmetric.module)[2] is None
+    assert int8_parts(asymmetric.module)[2] is not None
