@@ -36,21 +36,13 @@ CLASSES = {"dense": DenseSparsityConfig, "fixed": FixedSparsityConfig,
 
 class SparseAttentionConfig(DeepSpeedConfigModel):
 
-    tested_by = {
-        "mode": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_unknown_mode_and_bad_combinations",
-        "block": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "different_layout_per_head": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "num_local_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "num_global_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "attention": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "horizontal_global_attention": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "num_different_global_patterns": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_unknown_mode_and_bad_combinations",
-        "num_random_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "local_window_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "global_block_indices": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "global_block_end_indices": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-        "num_sliding_window_blocks": "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_the_documented_example_builds_the_fixed_pattern",
-    }
+    # what each key does here (see deepspeed.config.model): the sparsity config it builds
+    tested_by = dict.fromkeys(
+        ("mode", "block", "different_layout_per_head", "num_local_blocks", "num_global_blocks",
+         "attention", "horizontal_global_attention", "num_different_global_patterns",
+         "num_random_blocks", "local_window_blocks", "global_block_indices",
+         "global_block_end_indices", "num_sliding_window_blocks"),
+        "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_each_mode")
     mode: Literal["dense", "fixed", "variable", "bigbird", "bslongformer"] = "fixed"
     block: int = 16
     different_layout_per_head: bool = False
