@@ -214,8 +214,6 @@ class DeepSpeedConfigModel(BaseModel):
 
     @model_validator(mode="after")
     def _refuse_keys(self):
-        from deepspeed.config.without_effect import refused_keys
-
         problems = [f"{path}={value!r} is not supported here: {why}"
                     for path, value, why in refused_keys(self)]
         if problems:
@@ -229,6 +227,35 @@ class DeepSpeedConfigModel(BaseModel):
         out = {name: plain_value(getattr(self, name)) for name in type(self).model_fields}
         out.update((key, plain_value(value)) for key, value in (self.model_extra or {}).items())
         return out
+
+
+MISSING = object()  # what ``leaf`` answers for a key below an absent optional section
+
+
+def leaf(model, path: str) -> Tuple[Any, Any]:
+    """(value, default) of the dotted `path` below `model`; value is MISSING when a section
+    on the way is absent (an omitted optional section sets nothing)."""
+    *parents, name = path.split(".")
+    for part in parents:
+        model = getattr(model, part, None)
+        if model is None:
+            return MISSING, None
+    info = type(model).model_fields.get(name)
+    if info is None:
+        raise KeyError(f"{type(model).__name__}'s key-effect tables name '{path}', which is no "
+                       f"field")
+    return getattr(model, name), info.get_default(call_default_factory=True)
+
+
+def refused_keys(model) -> List[Tuple[str, Any, str]]:
+    """(key path, value, why) for every key of `model`'s own ``refused`` table set to a value
+    other than its default (nested sections check their own tables as they validate)."""
+    found = []
+    for path, reason in getattr(type(model), "refused", {}).items():
+        value, default = leaf(model, path)
+        if value is not MISSING and value != default:
+            found.append((path, value, reason))
+    return found
 
 
 def plain_value(value: Any) -> Any:

@@ -8,8 +8,8 @@ The suite itself only checks that the named test exists and names the key
 (tests/docs/test_key_effects.py); whether it *depends* on the key needs a run per key, which
 is too slow for the suite (one pytest process per key). The mutation: a `sitecustomize` put on
 PYTHONPATH of the pytest process (and so of the `dist_pool` workers it starts) wraps
-`deepspeed.config.without_effect.refused_keys`, which every section model calls when it
-validates, so that it first resets the key's field to its default on the model that owns it.
+`deepspeed.config.model.refused_keys`, which every section model calls when it validates, so
+that it first resets the key's field to its default on the model that owns it.
 
 Tests run in rounds, one pytest process per round with each named test at most once (a small
 pytest plugin sets the mutation of the test about to run in a file the wrapper reads), so a
@@ -48,7 +48,7 @@ def _mutation():
 
 
 def _install():
-    import deepspeed.config.without_effect as where
+    import deepspeed.config.model as where
 
     original = where.refused_keys
 
