@@ -177,8 +177,8 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
     # what each key does here (see deepspeed.config.model); the deprecated top-level keys
     # (mp_size, ep_size, ...) move into tensor_parallel / moe and share their rows' effects
     tested_by = {
-        "replace_with_kernel_inject": TESTS + "test_inference_kernel_inject.py::test_cpu_falls_back_"
-                                          "with_one_log_line",
+        "replace_with_kernel_inject": TESTS + "test_inference_kernel_inject.py::"
+                                              "test_cpu_falls_back_with_one_log_line",
         "dtype": TESTS + "test_inference_config.py::test_explicit_dtypes_convert_and_kwargs_reach_"
                      "the_module",
         "enable_cuda_graph": TESTS + "test_inference_cuda_graph.py::test_refused_without_cuda",
@@ -186,17 +186,18 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
         "zero": KEY_TESTS + "test_zero_inference_partitions_the_parameters_and_computes_the_same",
         "checkpoint": TESTS + "test_inference_checkpoint.py::test_descriptor_dict_and_deepspeed_"
                           "module_file_single_process",
-        "base_dir": TESTS + "test_inference_checkpoint.py::test_descriptor_dict_and_deepspeed_module_"
-                        "file_single_process",
-        "set_empty_params": KEY_TESTS + "test_set_empty_params_takes_every_weight_from_the_checkpoint",
+        "base_dir": TESTS + "test_inference_checkpoint.py::test_descriptor_dict_and_"
+                            "deepspeed_module_file_single_process",
+        "set_empty_params": KEY_TESTS + "test_set_empty_params_takes_every_weight_from_the_"
+                                        "checkpoint",
         "save_mp_checkpoint_path": TESTS + "test_inference_checkpoint.py::test_unimplemented_"
                                        "checkpoint_options_are_named",
         "training_mp_size": TESTS + "test_inference_checkpoint.py::test_unimplemented_checkpoint_"
                                 "options_are_named",
         "injection_policy": TESTS + "test_inference_autotp.py::test_injection_policy_path_equals_"
                                 "autotp",
-        "injection_policy_tuple": TESTS + "test_inference_autotp.py::test_replace_transformer_layer_"
-                                      "tensor_slicing",
+        "injection_policy_tuple": TESTS + "test_inference_autotp.py::test_replace_transformer_"
+                                          "layer_tensor_slicing",
         "max_out_tokens": TESTS + "test_inference_config.py::test_generate_passthrough_and_max_out_"
                               "tokens",
         "min_out_tokens": KEY_TESTS + "test_min_out_tokens_must_fit_within_max_out_tokens",

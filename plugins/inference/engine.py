@@ -93,7 +93,8 @@ class InferenceEngine(nn.Module):
 
     # ------------------------------------------------------------------ set-up
     def _check_unsupported(self, config):
-        save_path = config.save_mp_checkpoint_path or config.checkpoint_config.save_mp_checkpoint_path
+        save_path = (config.save_mp_checkpoint_path
+                     or config.checkpoint_config.save_mp_checkpoint_path)
         if save_path is not None:
             raise NotImplementedError(
                 f"save_mp_checkpoint_path={save_path!r}: saving the split "

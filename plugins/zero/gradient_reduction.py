@@ -3,11 +3,12 @@
 Stage 2 registers a post-accumulate-grad hook on every parameter: as backward produces a
 gradient it is copied into its bucket's flat send buffer and freed (``contiguous_gradients``;
 with it off a gradient stays in ``param.grad`` until its bucket is launched, and all of the
-bucket's are copied then), and when a bucket is full it is reduce-scattered (asynchronously with ``overlap_comm``, so communication runs while backward
-continues). Buckets are launched strictly in bucket order on every rank: collectives pair up by
-issue order, so a rank whose backward produced gradients in another order (or not at all for an
-unused parameter) must not issue a different sequence; buckets holding parameters of a ZeRO-3
-leaf module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps
+bucket's are copied then), and when a bucket is full it is reduce-scattered (asynchronously
+with ``overlap_comm``, so communication runs while backward continues). Buckets are
+launched strictly in bucket order on every rank: collectives pair up by issue order, so a
+rank whose backward produced gradients in another order (or not at all for an unused
+parameter) must not issue a different sequence; buckets holding parameters of a ZeRO-3 leaf
+module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps
 full gradients through accumulation and reduce-scatters all buckets at the boundary. ZeRO-3
 works as stage 2 over ``ShardRun``s: runs of whole sharded parameters, one collective each.
 

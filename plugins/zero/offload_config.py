@@ -67,14 +67,16 @@ class DeepSpeedZeroOffloadParamConfig(_OffloadBase):
 
     # what each key does here (see deepspeed.config.model)
     tested_by = {
-        "device": "tests/plugins/zero/test_zero_stage3.py::test_zero_inference_without_an_optimizer",
+        "device": "tests/plugins/zero/test_zero_stage3.py::test_zero_inference_without_an_"
+                  "optimizer",
         "nvme_path": "tests/plugins/zero/test_zero_stage3.py::test_zero_init_straight_to_nvme",
         "pin_memory": "tests/plugins/zero/test_zero_gpu.py::test_zero_on_one_gpu_matches_adamw",
         "buffer_count": "tests/plugins/zero/test_zero3_key_effects.py::"
                         "test_offload_param_buffer_size_must_hold_a_shard",
         "buffer_size": "tests/plugins/zero/test_zero3_key_effects.py::"
                        "test_offload_param_buffer_size_must_hold_a_shard",
-        "max_in_cpu": "tests/plugins/zero/test_zero_stage3.py::test_nvme_param_and_optimizer_offload",
+        "max_in_cpu": "tests/plugins/zero/test_zero_stage3.py::test_nvme_param_and_optimizer_"
+                      "offload",
     }
 
     buffer_count: int = Field(5, ge=0, description="buffers in the NVMe parameter buffer pool")
@@ -91,7 +93,8 @@ class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
         "device": "tests/plugins/zero/test_zero_training.py::test_cpu_offload_matches_reference",
         "nvme_path": "tests/plugins/zero/test_zero_debug_access.py::"
                      "test_nvme_sub_groups_match_reference",
-        "pin_memory": "tests/plugins/zero/test_zero_training.py::test_cpu_offload_matches_reference",
+        "pin_memory": "tests/plugins/zero/test_zero_training.py::test_cpu_offload_matches_"
+                      "reference",
         "buffer_count": "tests/plugins/zero/test_zero3_key_effects.py::"
                         "test_the_aio_section_configures_the_nvme_swap_handle",
         "pipeline_read": "tests/plugins/zero/test_zero_nvme_pipeline.py::"
