@@ -42,6 +42,10 @@ class DeepSpeedPlugin:
     """
 
     config_sections = {}
+    # for sections that are plain values, not models (``"sequence_parallel_size": int``): the
+    # test that fails when the key stops working, {section key: "tests/<file>.py::<test>"};
+    # model sections say it in their own ``tested_by`` (see deepspeed.config.model)
+    tested_by = {}
     enabled_by = None
     requires = ()
     excludes = ()

@@ -60,6 +60,8 @@ def reset():
 
 # --------------------------------------------------------------------------- comms_logger settings
 _PROF_OPS_HINT = "must be a list of op names such as ['all_reduce', 'all_gather']"
+# the test module of the key-effect table's rows (``tested_by``, see deepspeed.config.model)
+UNIT = "tests/plugins/comms_logging/test_comms_logger_unit.py::"
 
 
 class CommsLoggerSettings(DeepSpeedConfigModel):
@@ -67,6 +69,15 @@ class CommsLoggerSettings(DeepSpeedConfigModel):
     process-wide settings in one (no plugin needed), and the comms-logging plugin validates an
     engine config's ``comms_logger`` section with this same model. Defaults are the documented
     ones: off, quiet, every op profiled, no caller names."""
+
+    # what each key does here (see deepspeed.config.model)
+    tested_by = {
+        "enabled": UNIT + "test_disabled_logger_records_nothing_and_one_record_counts_once",
+        "verbose": UNIT + "test_verbose_prints_the_documented_line",
+        "prof_all": UNIT + "test_prof_ops_selects_ops_and_prof_true_forces_one",
+        "prof_ops": UNIT + "test_prof_ops_selects_ops_and_prof_true_forces_one",
+        "debug": UNIT + "test_debug_appends_the_caller",
+    }
 
     enabled: bool = False
     verbose: bool = False  # print one line per logged op as it completes

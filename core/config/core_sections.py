@@ -15,9 +15,27 @@ from deepspeed.config.model import DeepSpeedConfigModel, deprecated_alias
 COMMUNICATION_DATA_TYPES = ("fp16", "bf16", "fp32")
 _COMM_DTYPE_SPELLINGS = {"fp16": "fp16", "fp32": "fp32", "bf16": "bf16", "bfp16": "bf16"}
 
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+PRECISION = "tests/core/precision/test_precision_engine.py::"
+KEYS = "tests/core/test_core_key_effects.py::"
+ENGINE = "tests/core/test_engine.py::"
+REPORTS = "tests/core/test_engine_sparse_and_reports.py::"
+CHECKPOINT = "tests/core/checkpoint/test_engine_checkpoint.py::"
+ENGINES = "tests/core/checkpoint/test_checkpoint_engines.py::"
+AC = "tests/core/activation_checkpointing/test_ac_configure.py::"
+
 
 class FP16Config(DeepSpeedConfigModel):
     """`fp16`: mixed precision with (by default dynamic) loss scaling."""
+
+    tested_by = {
+        "enabled": PRECISION + "test_fp16_dynamic_scale_skips_overflow_steps",
+        "auto_cast": KEYS + "test_fp16_auto_cast_casts_float_inputs",
+        "loss_scale": PRECISION + "test_fp16_static_scale_stays_and_still_skips",
+        **dict.fromkeys(("initial_scale_power", "loss_scale_window", "hysteresis",
+                         "consecutive_hysteresis", "min_loss_scale"),
+                        KEYS + "test_the_fp16_loss_scaler_is_built_from_its_keys"),
+    }
 
     enabled: bool = False
     auto_cast: bool = False
@@ -43,6 +61,8 @@ class FP16Config(DeepSpeedConfigModel):
 class BF16Config(DeepSpeedConfigModel):
     """`bf16` (old name `bfloat16`): bfloat16 training; same range as fp32, so no loss scaling."""
 
+    tested_by = {"enabled": PRECISION + "test_bf16_trains_close_to_fp32_with_fp32_masters"}
+
     enabled: bool = False
     immediate_grad_update: bool = False
 
@@ -57,6 +77,12 @@ class BF16Config(DeepSpeedConfigModel):
 class AmpConfig(DeepSpeedConfigModel):
     """`amp`: NVIDIA apex AMP. Besides `enabled`, every key is an `apex.amp.initialize` argument
     and is passed through unchanged (apex validates them); they are declared so typos still fail."""
+
+    tested_by = dict.fromkeys(
+        ("enabled", "opt_level", "cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32",
+         "master_weights", "loss_scale", "cast_model_outputs", "num_losses", "verbosity",
+         "min_loss_scale", "max_loss_scale"),
+        KEYS + "test_every_amp_key_reaches_apex_amp_initialize")
 
     enabled: bool = False
     opt_level: Optional[str] = None
@@ -79,12 +105,18 @@ class AmpConfig(DeepSpeedConfigModel):
 class OptimizerConfig(DeepSpeedConfigModel):
     """`optimizer`: which optimizer the engine builds; `params` go to its constructor as-is."""
 
+    tested_by = dict.fromkeys(("type", "params"), "tests/core/optimizers/test_optimizer_engine.py::"
+                              "test_config_optimizers_match_plain_pytorch_on_the_global_batch")
+
     type: str
     params: Dict[str, Any] = Field(default_factory=dict)
 
 
 class SchedulerConfig(DeepSpeedConfigModel):
     """`scheduler`: which LR schedule the engine builds; `params` go to its constructor as-is."""
+
+    tested_by = dict.fromkeys(("type", "params"), "tests/core/lr_schedules/test_lr_engine.py::"
+                              "test_config_scheduler_steps_at_accumulation_boundaries")
 
     type: str
     params: Dict[str, Any] = Field(default_factory=dict)
@@ -107,6 +139,9 @@ class CheckpointEngineConfig(DeepSpeedConfigModel):
     "torch" (default) and "safetensors" write synchronously; "async" snapshots the state to host
     memory, writes in the background while training goes on, and moves `latest` only when the
     tag is committed (the next save, or `engine.checkpoint_engine.wait()`)."""
+
+    tested_by = dict.fromkeys(("type", "format"), ENGINES + "test_checkpoint_section_keys_parse_"
+                              "and_choose_the_engine")
 
     type: Literal["torch", "safetensors", "async"] = "torch"
     # None: "safetensors" for type "safetensors", else "torch"
@@ -151,6 +186,8 @@ class NebulaConfig(DeepSpeedConfigModel):
     """`nebula`: Azure Nebula asynchronous checkpointing. When enabled without the external
     service, the built-in "async" checkpoint engine is used (with a warning)."""
 
+    tested_by = {"enabled": ENGINES + "test_checkpoint_section_keys_parse_and_choose_the_engine"}
+
     enabled: bool = False
     persistent_storage_path: Optional[str] = None
     persistent_time_interval: int = Field(100, ge=1)
@@ -169,6 +206,14 @@ class NebulaConfig(DeepSpeedConfigModel):
 
 class CheckpointConfig(DeepSpeedConfigModel):
     """`checkpoint`: how checkpoints are validated, written and loaded."""
+
+    tested_by = {
+        "tag_validation": CHECKPOINT + "test_tag_validation_modes",
+        "load_universal": "tests/plugins/zero/test_zero_universal.py::test_resume_on_another_"
+                          "topology",
+        "use_node_local_storage": CHECKPOINT + "test_node_local_storage_writes_model_states_on_"
+                                               "every_node",
+    }
 
     tag_validation: Literal["Ignore", "Warn", "Fail"] = "Warn"
     load_universal: bool = False
@@ -193,11 +238,25 @@ class CheckpointConfig(DeepSpeedConfigModel):
 class DataTypesConfig(DeepSpeedConfigModel):
     """`data_types`: dtype of the gradient-accumulation buffer (None = the training dtype)."""
 
+    tested_by = {"grad_accum_dtype": PRECISION + "test_bf16_fp32_grad_accumulation_is_closer_to_"
+                                                 "exact"}
+
     grad_accum_dtype: Optional[Literal["fp32", "fp16", "bf16"]] = None
 
 
 class ActivationCheckpointingConfig(DeepSpeedConfigModel):
     """`activation_checkpointing`: read by `deepspeed.checkpointing.configure`."""
+
+    tested_by = {
+        "partition_activations": "tests/core/test_engine.py::test_activation_checkpointing_"
+                                 "section_configures_deepspeed_checkpointing",
+        "contiguous_memory_optimization": AC + "test_contiguous_rule_applies_to_the_config_too",
+        "cpu_checkpointing": AC + "test_configure_from_a_config_dict",
+        "number_checkpoints": AC + "test_configure_from_a_config_dict",
+        "synchronize_checkpoint_boundary": AC + "test_configure_from_a_config_dict",
+        "profile": "tests/core/test_engine.py::test_activation_checkpointing_section_configures_"
+                   "deepspeed_checkpointing",
+    }
 
     # the Megatron tutorial spells it `partition_activation`
     partition_activations: Annotated[bool, deprecated_alias("partition_activation")] = False
@@ -210,6 +269,31 @@ class ActivationCheckpointingConfig(DeepSpeedConfigModel):
 
 class CoreConfig(DeepSpeedConfigModel):
     """Every top-level key the core engine owns."""
+
+    # what each key does here (see deepspeed.config.model); sections say it for their own keys
+    tested_by = {
+        "train_batch_size": ENGINE + "test_data_parallel_matches_single_process_reference",
+        "train_micro_batch_size_per_gpu": REPORTS + "test_sparse_gradients_with_prescaling_and_"
+                                                    "a_communication_dtype",
+        "gradient_accumulation_steps": ENGINE + "test_data_parallel_matches_single_process_"
+                                                "reference",
+        "gradient_clipping": ENGINE + "test_global_grad_norm_is_measured_when_clipping",
+        "steps_per_print": PRECISION + "test_steps_per_print_and_wall_clock_breakdown",
+        "wall_clock_breakdown": PRECISION + "test_steps_per_print_and_wall_clock_breakdown",
+        "dump_state": REPORTS + "test_memory_breakdown_off_reports_nothing_and_dump_state_prints_"
+                                "the_engine",
+        "memory_breakdown": REPORTS + "test_memory_breakdown_reports_memory_around_each_step_on_"
+                                      "rank_0",
+        "prescale_gradients": REPORTS + "test_sparse_gradients_with_prescaling_and_a_"
+                                        "communication_dtype",
+        "gradient_predivide_factor": REPORTS + "test_sparse_gradients_with_prescaling_and_a_"
+                                               "communication_dtype",
+        "sparse_gradients": REPORTS + "test_sparse_embedding_gradients_average_like_the_global_"
+                                      "batch",
+        "communication_data_type": PRECISION + "test_communication_data_type_sets_the_reduction_"
+                                               "dtype",
+        "dataloader_drop_last": KEYS + "test_dataloader_drop_last_drops_the_partial_batch",
+    }
 
     # batch triangle: resolved by batch.py, so all three are optional here
     train_batch_size: Optional[int] = None

@@ -140,9 +140,21 @@ class DeepSpeedConfigModel(BaseModel):
         use_enum_values=False,
     )
 
-    # documented keys accepted but without effect in this implementation: {key path: why};
-    # validate_config warns once per process for each one a config sets (see without_effect.py)
+    # What each documented key does here, read by the key-effect table of the configuration
+    # reference (tools/docs/gen_config_reference.py); a key path may reach into a nested
+    # section ("offload_optimizer.ratio"). Every key has exactly one entry in one of the three
+    # (or in a nested section's own tables); tests/docs/test_key_effects.py fails otherwise.
+    #
+    # keys that take effect: {key path: "tests/<file>.py::<test>"}, the test that fails when
+    # the key stops working
+    tested_by: ClassVar[Dict[str, str]] = {}
+    # keys accepted without effect in this implementation: {key path: why, what to use
+    # instead}; validate_config warns once per process for each one a config sets (see
+    # without_effect.py)
     without_effect: ClassVar[Dict[str, str]] = {}
+    # keys this build cannot honour: {key path: why, what to use instead}; a value other than
+    # the default is a validation error naming the key and the reason (``_refuse_keys``)
+    refused: ClassVar[Dict[str, str]] = {}
 
     # -- introspection used by the validator, the "auto" scan and typo suggestions ----------
     @classmethod
@@ -200,6 +212,14 @@ class DeepSpeedConfigModel(BaseModel):
             data[new_name] = marker.convert(value) if marker.convert else value
         return data
 
+    @model_validator(mode="after")
+    def _refuse_keys(self):
+        problems = [f"{path}={value!r} is not supported here: {why}"
+                    for path, value, why in refused_keys(self)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     # -- output -----------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         """Plain nested dict keyed by field names (re-loadable as a config); keys a section
@@ -207,6 +227,35 @@ class DeepSpeedConfigModel(BaseModel):
         out = {name: plain_value(getattr(self, name)) for name in type(self).model_fields}
         out.update((key, plain_value(value)) for key, value in (self.model_extra or {}).items())
         return out
+
+
+MISSING = object()  # what ``leaf`` answers for a key below an absent optional section
+
+
+def leaf(model, path: str) -> Tuple[Any, Any]:
+    """(value, default) of the dotted `path` below `model`; value is MISSING when a section
+    on the way is absent (an omitted optional section sets nothing)."""
+    *parents, name = path.split(".")
+    for part in parents:
+        model = getattr(model, part, None)
+        if model is None:
+            return MISSING, None
+    info = type(model).model_fields.get(name)
+    if info is None:
+        raise KeyError(f"{type(model).__name__}'s key-effect tables name '{path}', which is no "
+                       f"field")
+    return getattr(model, name), info.get_default(call_default_factory=True)
+
+
+def refused_keys(model) -> List[Tuple[str, Any, str]]:
+    """(key path, value, why) for every key of `model`'s own ``refused`` table set to a value
+    other than its default (nested sections check their own tables as they validate)."""
+    found = []
+    for path, reason in getattr(type(model), "refused", {}).items():
+        value, default = leaf(model, path)
+        if value is not MISSING and value != default:
+            found.append((path, value, reason))
+    return found
 
 
 def plain_value(value: Any) -> Any:

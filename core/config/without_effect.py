@@ -1,4 +1,5 @@
-"""Documented keys this implementation accepts but does nothing with, and the one warning about them.
+"""Documented keys this implementation accepts but does nothing with, and the one warning about
+them; and the keys it refuses.
 
 A config written for upstream DeepSpeed has to load here unchanged, so such keys are accepted;
 ignoring them silently would let a user believe, say, that their fp16 masters halve the memory.
@@ -7,29 +8,18 @@ Every section model (core or plugin) lists its own in the class attribute ``with
 ``"offload_optimizer.fast_init"``), and ``warn_without_effect`` says so once per key per process
 when a config sets one to anything but its default. ``validate_config`` calls it for the core keys
 and for every plugin section, so plugins only fill in their table.
+
+A key that cannot work on this build and would mislead if accepted (a feature of another
+platform) is listed in ``refused`` instead (same shape): every section model refuses a value
+other than the default there when it validates (``deepspeed.config.model.refused_keys``).
 """
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
+
+from deepspeed.config.model import MISSING, leaf
 
 _lock = threading.Lock()
 _warned = set()  # full key paths already reported by this process
-
-_MISSING = object()
-
-
-def _leaf(model, path: str) -> Tuple[Any, Any]:
-    """(value, default) of the dotted `path` below `model`; value is _MISSING when a section
-    on the way is absent (an omitted optional section sets nothing)."""
-    *parents, name = path.split(".")
-    for part in parents:
-        model = getattr(model, part, None)
-        if model is None:
-            return _MISSING, None
-    info = type(model).model_fields.get(name)
-    if info is None:
-        raise KeyError(f"{type(model).__name__}.without_effect names '{path}', which is no field")
-    return getattr(model, name), info.get_default(call_default_factory=True)
-
 
 def keys_without_effect(model, prefix: str = "") -> List[Tuple[str, str]]:
     """(full key path, reason) for every listed key `model` (and the sections inside it) sets to
@@ -38,8 +28,8 @@ def keys_without_effect(model, prefix: str = "") -> List[Tuple[str, str]]:
 
     found = []
     for path, reason in getattr(type(model), "without_effect", {}).items():
-        value, default = _leaf(model, path)
-        if value is not _MISSING and value != default:
+        value, default = leaf(model, path)
+        if value is not MISSING and value != default:
             found.append((f"{prefix}.{path}" if prefix else path, reason))
     for name in type(model).model_fields:
         sub = getattr(model, name, None)

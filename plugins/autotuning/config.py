@@ -17,8 +17,23 @@ METRICS = ("throughput", "latency", "FLOPS")
 TUNERS = ("gridsearch", "random", "model_based")
 
 
+
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+KEYS = "tests/plugins/autotuning/test_autotuning_keys.py::"
+SPACE = "tests/plugins/autotuning/test_autotuning_space.py::"
+LAUNCH = "tests/plugins/autotuning/test_autotuning_launch.py::"
+
 class ModelInfoConfig(DeepSpeedConfigModel):
     """What the profiling run measures (or what the user already knows about the model)."""
+
+    tested_by = {
+        "profile": KEYS + "test_metric_path_and_model_info_profile_switch_the_probe_plugin_on",
+        "num_params": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+    }
+    without_effect = dict.fromkeys(
+        ("hidden_size", "num_layers"),
+        "the profiling run reads the model's width and depth from the model itself, and the "
+        "memory estimate needs only num_params and the measured activation bytes")
 
     profile: bool = False
     """Set by the autotuner in its profiling run: record the model info, then exit."""
@@ -29,6 +44,29 @@ class ModelInfoConfig(DeepSpeedConfigModel):
 
 class AutotuningConfig(DeepSpeedConfigModel):
     """``deepspeed --autotuning tune|run``: search ZeRO stage x micro-batch (x ZeRO knobs)."""
+
+    # what each key does here (see deepspeed.config.model)
+    tested_by = {
+        "enabled": KEYS + "test_metric_path_and_model_info_profile_switch_the_probe_plugin_on",
+        "results_dir": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+        "exps_dir": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+        "overwrite": SPACE + "test_unchanged_experiment_is_reused_without_overwrite",
+        "metric": LAUNCH + "test_bad_autotuning_input_is_one_clear_line",
+        "start_profile_step": LAUNCH + "test_tune_on_the_demo_gpt",
+        "end_profile_step": LAUNCH + "test_tune_on_the_demo_gpt",
+        "fast": SPACE + "test_nothing_to_tune_names_the_fixed_values",
+        **dict.fromkeys(("max_train_batch_size", "min_train_batch_size",
+                         "max_train_micro_batch_size_per_gpu",
+                         "min_train_micro_batch_size_per_gpu", "num_tuning_micro_batch_sizes"),
+                        KEYS + "test_micro_batch_bounds_shape_the_search"),
+        "mp_size": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+        "tuner_type": LAUNCH + "test_tune_on_the_demo_gpt",
+        "tuner_early_stopping": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+        "tuner_num_trials": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+        "arg_mappings": LAUNCH + "test_run_mode_trains_with_the_best_config",
+        "metric_path": KEYS + "test_metric_path_and_model_info_profile_switch_the_probe_plugin_on",
+        "model_info_path": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+    }
 
     enabled: bool = False
     results_dir: str = "autotuning_results"

@@ -24,7 +24,19 @@ def _check_bits(value, key):
 
 
 # ------------------------------------------------------------------ layer reduction
+
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+_T = "tests/plugins/compression/"
+INIT, CLEAN = _T + "test_init_compression.py::", _T + "test_redundancy_clean.py::"
+ENGINE, MOQ = _T + "test_compression_engine.py::", _T + "test_moq.py::"
+SNIP, KEYS = _T + "test_snip.py::", _T + "test_compression_keys.py::"
+
 class LayerReductionConfig(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(
+        ("enabled", "keep_number_layer", "module_name_prefix", "teacher_layer",
+         "other_module_name"),
+        CLEAN + "test_layer_reduction_copies_the_chosen_teacher_layers")
+
     enabled: bool = False
     keep_number_layer: Optional[int] = Field(None, ge=1)
     module_name_prefix: str = ""
@@ -49,11 +61,18 @@ class LayerReductionConfig(DeepSpeedConfigModel):
 
 # ------------------------------------------------------------------ shared groups
 class _Group(DeepSpeedConfigModel):
+    tested_by = {
+        "modules": INIT + "test_patterns_select_layers_and_leave_others_alone",
+        "related_modules": INIT + "test_related_modules_pair_with_their_module_pattern",
+    }
     modules: List[str] = Field(default_factory=lambda: ["*"])
     related_modules: Optional[List[List[str]]] = None
 
 
 class WeightQuantParams(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(("start_bits", "target_bits", "quantization_period"),
+                              INIT + "test_weight_bits_follow_the_schedule")
+
     start_bits: int = 8
     target_bits: int = 8
     quantization_period: int = Field(1, ge=1)
@@ -72,18 +91,32 @@ class WeightQuantParams(DeepSpeedConfigModel):
 
 
 class WeightQuantGroup(_Group):
+
     params: WeightQuantParams = Field(default_factory=WeightQuantParams)
 
 
 class FP16MixedQuantizeConfig(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(("enabled", "quantize_change_ratio"),
+                              MOQ + "test_fp16_mixed_quantize_blends_toward_quantized")
+
     enabled: bool = False
     quantize_change_ratio: float = Field(0.001, ge=0, le=1)
 
 
 class WeightQuantShared(DeepSpeedConfigModel):
+    tested_by = {
+        **dict.fromkeys(("enabled", "schedule_offset", "quantize_groups",
+                         "quantize_weight_in_forward"),
+                        INIT + "test_weight_bits_follow_the_schedule"),
+        **dict.fromkeys(("quantization_type", "rounding"),
+                        KEYS + "test_weight_quantization_type_and_rounding_choose_the_grid"),
+    }
+
     without_effect = {
         "quantizer_kernel": "there is no CUDA quantizer kernel here; the torch quantizer runs on "
                             "every device",
+        "quantize_verbose": "no per-step log is written; a layer's weight_bits (or the engine's "
+                            "compression_scheduler) shows the bits in use",
         "fp16_mixed_quantize.enabled": "the compression library quantizes the weights fully; "
                                        "the fp16/quantized blend is implemented for "
                                        "quantize_training (MoQ) only",
@@ -105,6 +138,8 @@ class WeightQuantizationConfig(DeepSpeedConfigModel):
 
 
 class ActQuantParams(DeepSpeedConfigModel):
+    tested_by = {"bits": INIT + "test_conv_and_activation_quantization"}
+
     bits: int = 8
 
     @field_validator("bits")
@@ -114,10 +149,18 @@ class ActQuantParams(DeepSpeedConfigModel):
 
 
 class ActQuantGroup(_Group):
+
     params: ActQuantParams = Field(default_factory=ActQuantParams)
 
 
 class ActQuantShared(DeepSpeedConfigModel):
+    tested_by = {
+        "enabled": INIT + "test_conv_and_activation_quantization",
+        "range_calibration": INIT + "test_static_activation_range_tracks_training_inputs",
+        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+        "quantization_type": KEYS + "test_activation_quantization_type_chooses_the_grid",
+    }
+
     enabled: bool = False
     quantization_type: Literal["symmetric", "asymmetric"] = "symmetric"
     range_calibration: Literal["dynamic", "static"] = "static"
@@ -130,14 +173,29 @@ class ActivationQuantizationConfig(DeepSpeedConfigModel):
 
 
 class DenseRatioParams(DeepSpeedConfigModel):
+    tested_by = {"dense_ratio": INIT + "test_l1_sparse_mask_keeps_exactly_the_largest_half"}
+
     dense_ratio: float = DenseRatio
 
 
 class PruneGroup(_Group):
+
     params: DenseRatioParams = Field(default_factory=DenseRatioParams)
 
 
 class SparsePruningShared(DeepSpeedConfigModel):
+    tested_by = {
+        "enabled": INIT + "test_l1_sparse_mask_keeps_exactly_the_largest_half",
+        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+        "method": INIT + "test_topk_sparse_mask_follows_learnable_scores",
+        "dense_ratio": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_ratio",
+        "block_pattern": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_ratio",
+        "schedule_offset_end": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_ratio",
+        "schedule_offset_stride": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_"
+                                         "ratio",
+        "excluded_modules": INIT + "test_excluded_modules_are_not_pruned",
+    }
+
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     schedule_offset_end: int = Field(0, ge=0)
@@ -161,6 +219,12 @@ class SparsePruningConfig(DeepSpeedConfigModel):
 
 
 class RowPruningShared(DeepSpeedConfigModel):
+    tested_by = {
+        **dict.fromkeys(("enabled", "method"),
+                        INIT + "test_row_head_and_channel_masks_have_the_documented_pattern"),
+        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+    }
+
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     method: Literal["l1", "topk"] = "topk"
@@ -172,6 +236,12 @@ class RowPruningConfig(DeepSpeedConfigModel):
 
 
 class HeadPruningShared(DeepSpeedConfigModel):
+    tested_by = {
+        **dict.fromkeys(("enabled", "method", "num_heads"),
+                        INIT + "test_row_head_and_channel_masks_have_the_documented_pattern"),
+        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+    }
+
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     method: Literal["topk"] = "topk"
@@ -191,6 +261,12 @@ class HeadPruningConfig(DeepSpeedConfigModel):
 
 
 class ChannelPruningShared(DeepSpeedConfigModel):
+    tested_by = {
+        **dict.fromkeys(("enabled", "method"),
+                        INIT + "test_row_head_and_channel_masks_have_the_documented_pattern"),
+        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+    }
+
     enabled: bool = False
     schedule_offset: int = Field(0, ge=0)
     method: Literal["l1", "topk"] = "l1"
@@ -226,6 +302,9 @@ TECHNIQUES = ("weight_quantization", "activation_quantization", "sparse_pruning"
 
 # ------------------------------------------------------------------ MoQ
 class MoQBits(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(("start_bits", "target_bits"),
+                              MOQ + "test_offset_then_ternary_then_binary")
+
     start_bits: int = Field(16, ge=1, le=16)
     target_bits: int = Field(16, ge=1, le=16)
 
@@ -238,16 +317,22 @@ class MoQBits(DeepSpeedConfigModel):
 
 
 class MoQSchedule(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(("quantize_period", "schedule_offset"),
+                              MOQ + "test_offset_then_ternary_then_binary")
+
     quantize_period: int = Field(100, ge=1)
     schedule_offset: int = Field(100, ge=0)
 
 
 class MoQAlgo(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(("q_type", "rounding"), KEYS + "test_moq_type_rounding_and_groups")
+
     q_type: Literal["symmetric", "asymmetric"] = "symmetric"
     rounding: Literal["nearest", "stochastic"] = "nearest"
 
 
 class EigenvalueConfig(DeepSpeedConfigModel):
+
     enabled: bool = False
     verbose: bool = False
     max_iter: int = Field(100, ge=1)
@@ -261,11 +346,21 @@ class EigenvalueConfig(DeepSpeedConfigModel):
 class QuantizeTrainingConfig(DeepSpeedConfigModel):
     """``quantize_training`` (MoQ): after every optimizer step each weight matrix is replaced by
     its fake-quantized value at the current bits, which step down on the documented schedule."""
+    tested_by = {
+        "enabled": ENGINE + "test_moq_bits_step_down_on_schedule",
+        "quantize_verbose": KEYS + "test_quantize_verbose_logs_each_moq_step",
+        "quantize_type": KEYS + "test_moq_type_rounding_and_groups",
+        "quantize_groups": KEYS + "test_moq_type_rounding_and_groups",
+    }
 
     without_effect = {
         "quantizer_kernel": "there is no CUDA quantizer kernel here; the torch quantizer runs",
-        "eigenvalue.enabled": "eigenvalue-based period stretching is not implemented: every "
-                              "layer follows the plain schedule (upstream disables it too)",
+        **dict.fromkeys(
+            ("eigenvalue.enabled", "eigenvalue.verbose", "eigenvalue.max_iter", "eigenvalue.tol",
+             "eigenvalue.stability", "eigenvalue.gas_boundary_resolution",
+             "eigenvalue.layer_name", "eigenvalue.layer_num"),
+            "eigenvalue-based period stretching is not implemented: every layer follows the "
+            "plain schedule of quantize_schedule (tune quantize_period instead)"),
     }
     enabled: bool = False
     quantize_verbose: bool = False

@@ -46,11 +46,18 @@ class MoQQuantizer:
             if param.numel() % cfg.quantize_groups:
                 raise ValueError(f"quantize_training.quantize_groups={cfg.quantize_groups} does "
                                  f"not divide the {param.numel()} elements of {name}")
-            q = quantize_tensor(param.data, self.bits, cfg.quantize_groups, cfg.quantize_type,
+            q = quantize_tensor(param.data, self.bits, cfg.quantize_groups, self.quantize_type,
                                 cfg.quantize_algo.rounding)
             if self.mixed.enabled:
                 q = self.real_ratio * param.data + (1 - self.real_ratio) * q
             param.data.copy_(q)
+
+    @property
+    def quantize_type(self):
+        """``quantize-algo.q_type`` (the tutorial's spelling) when given, else
+        ``quantize_type``."""
+        algo = self.config.quantize_algo
+        return algo.q_type if "q_type" in algo.model_fields_set else self.config.quantize_type
 
     def step(self, module, step):
         if self.advance(step):

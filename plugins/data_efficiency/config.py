@@ -22,8 +22,17 @@ def _check(model, where, difficulty_type="value"):
     return model
 
 
+
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+SAMPLER = "tests/plugins/data_efficiency/test_curriculum_sampler.py::"
+LTD = "tests/plugins/data_efficiency/test_random_ltd.py::"
+
 class CurriculumMetricConfig(DeepSpeedConfigModel):
     """One metric of ``data_sampling.curriculum_learning.curriculum_metrics``."""
+    tested_by = dict.fromkeys(
+        ("index_to_sample_path", "index_to_metric_path", "difficulty_type", "clustering_type",
+         "min_difficulty", "max_difficulty", "schedule_type", "schedule_config"),
+        SAMPLER + "test_percentile_difficulty")
 
     index_to_sample_path: Optional[str] = None
     index_to_metric_path: Optional[str] = None
@@ -36,6 +45,8 @@ class CurriculumMetricConfig(DeepSpeedConfigModel):
 
 
 class DataSamplingCurriculumConfig(DeepSpeedConfigModel):
+    tested_by = {"enabled": SAMPLER + "test_percentile_difficulty"}
+
     without_effect = {
         "data_cluster_path": "the sampler keeps its clusters in memory (one shuffled queue of "
                              "the samples within the current difficulty) and writes no cluster "
@@ -63,6 +74,13 @@ class DataSamplingCurriculumConfig(DeepSpeedConfigModel):
 
 
 class DataSamplingConfig(DeepSpeedConfigModel):
+    tested_by = {
+        "enabled": SAMPLER + "test_percentile_difficulty",
+        **dict.fromkeys(("num_epochs", "num_workers", "pin_memory"),
+                        "tests/plugins/data_efficiency/test_data_sampling_keys.py::"
+                        "test_num_workers_pin_memory_and_num_epochs_reach_the_loader"),
+    }
+
     enabled: bool = False
     num_epochs: int = Field(1000, ge=1)
     num_workers: int = Field(0, ge=0)
@@ -72,6 +90,10 @@ class DataSamplingConfig(DeepSpeedConfigModel):
 
 
 class RandomLTDScheduleConfig(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(("min_value", "max_value", "schedule_type", "schedule_config"),
+                              LTD + "test_unsampled_positions_pass_through_and_kept_count_"
+                                    "follows_schedule")
+
     min_value: int = Field(..., ge=1)
     max_value: int = Field(..., ge=1)
     schedule_type: Literal["fixed_linear"] = "fixed_linear"
@@ -92,6 +114,15 @@ class RandomLTDScheduleConfig(DeepSpeedConfigModel):
 
 
 class RandomLTDConfig(DeepSpeedConfigModel):
+    tested_by = {
+        **dict.fromkeys(("enabled", "total_layer_num", "random_ltd_layer_num",
+                         "random_ltd_layer_id", "model_mask_name"),
+                        LTD + "test_unsampled_positions_pass_through_and_kept_count_follows_"
+                              "schedule"),
+        **dict.fromkeys(("model_type", "hidden_state_order"),
+                        LTD + "test_seq_batch_dim_and_encoder_mask"),
+    }
+
     enabled: bool = False
     total_layer_num: Optional[int] = Field(None, ge=1)
     random_ltd_layer_num: Optional[int] = Field(None, ge=0)
@@ -126,11 +157,17 @@ class RandomLTDConfig(DeepSpeedConfigModel):
 
 
 class DataRoutingConfig(DeepSpeedConfigModel):
+    tested_by = {"enabled": LTD + "test_engine_random_ltd_on_2_ranks"}
+
     enabled: bool = False
     random_ltd: RandomLTDConfig = Field(default_factory=RandomLTDConfig)
 
 
 class DataEfficiencyConfig(DeepSpeedConfigModel):
+    tested_by = {"enabled": SAMPLER + "test_percentile_difficulty",
+                 "seed": LTD + "test_unsampled_positions_pass_through_and_kept_count_follows_"
+                               "schedule"}
+
     enabled: bool = False
     seed: int = 1234
     data_sampling: DataSamplingConfig = Field(default_factory=DataSamplingConfig)
@@ -146,6 +183,11 @@ class DataEfficiencyConfig(DeepSpeedConfigModel):
 
 class CurriculumLearningLegacyConfig(DeepSpeedConfigModel):
     """The legacy seqlen ``curriculum_learning`` section (tutorials: curriculum-learning)."""
+    tested_by = dict.fromkeys(
+        ("enabled", "curriculum_type", "min_difficulty", "max_difficulty", "schedule_type",
+         "schedule_config"),
+        "tests/plugins/data_efficiency/test_pld_and_legacy_curriculum.py::"
+        "test_legacy_curriculum_on_2_ranks")
 
     enabled: bool = False
     curriculum_type: Literal["seqlen"] = "seqlen"
@@ -169,6 +211,10 @@ class CurriculumLearningLegacyConfig(DeepSpeedConfigModel):
 
 
 class ProgressiveLayerDropConfig(DeepSpeedConfigModel):
+    tested_by = dict.fromkeys(("enabled", "theta", "gamma"),
+                              "tests/plugins/data_efficiency/test_pld_and_legacy_curriculum.py::"
+                              "test_pld_engine_on_2_ranks")
+
     enabled: bool = False
     theta: float = Field(0.5, ge=0.0, le=1.0)
     gamma: float = Field(0.001, ge=0.0)

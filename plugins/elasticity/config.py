@@ -32,6 +32,11 @@ class ElasticityError(Exception):
     """Base of every elasticity error."""
 
 
+
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+COMPUTE = "tests/plugins/elasticity/test_elastic_compute.py::"
+ENGINE = "tests/plugins/elasticity/test_elastic_engine.py::"
+
 class ElasticityConfigError(ElasticityError):
     """The ``elasticity`` section (or a config around it) is not usable."""
 
@@ -42,6 +47,22 @@ class ElasticityIncompatibleWorldSize(ElasticityError):
 
 class ElasticityConfig(DeepSpeedConfigModel):
     """Elastic training: one global batch size that many GPU counts can train with."""
+
+    # what each key does here (see deepspeed.config.model)
+    tested_by = {
+        **dict.fromkeys(("enabled", "max_train_batch_size", "micro_batch_sizes"),
+                        ENGINE + "test_engine_uses_the_elastic_plan"),
+        **dict.fromkeys(("min_gpus", "max_gpus", "prefer_larger_batch"),
+                        COMPUTE + "test_plan_matches_its_definition"),
+        **dict.fromkeys(("version", "model_parallel_size", "num_gpus_per_node"),
+                        COMPUTE + "test_v02_scales_by_nodes_and_trains_off_plan"),
+        "ignore_non_elastic_batch_info": ENGINE + "test_batch_keys_next_to_elasticity",
+    }
+    without_effect = {
+        "min_time": "it is the cluster scheduler's minimum run time between rescales; here "
+                    "torch elastic admits a waiting node at the next rendezvous, so set the "
+                    "delay in the scheduler that adds and removes nodes",
+    }
 
     enabled: bool = False
     max_train_batch_size: int = Field(2000, ge=1)

@@ -131,6 +131,27 @@ def _owners(model):
     return {k: (t, by_id[id(t)]) for k, t in keys.items()}
 
 
+def empty_parameters(model):
+    """``set_empty_params=True``: move every parameter to the meta device (same shape,
+    ``requires_grad`` and sharding marks), so ``load_into`` materialises each from the
+    checkpoint and none keeps the values it was built with; a tied parameter stays tied."""
+    replaced = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            new = replaced.get(id(param))
+            if new is None:
+                new = nn.Parameter(torch.empty_like(param, device="meta"),
+                                   requires_grad=param.requires_grad)
+                for attr in (SHARD_FN, CHECKPOINT_KEY):
+                    if hasattr(param, attr):
+                        setattr(new, attr, getattr(param, attr))
+                replaced[id(param)] = new
+            module._parameters[name] = new
+    return len(replaced)
+
+
 def load_into(model, files):
     """Copy ``files`` into ``model`` (already split) shard by shard; returns
     ``{"files", "loaded", "peak_param_bytes", "kept"}``."""

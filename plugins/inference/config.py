@@ -21,6 +21,8 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from deepspeed.config.model import DeepSpeedConfigModel
 
 AUTO = "auto"
+TESTS = "tests/plugins/inference/"  # the test paths of the key-effect table
+KEY_TESTS = TESTS + "test_inference_key_effects.py::"
 
 
 class DtypeEnum(Enum):
@@ -56,6 +58,13 @@ class MoETypeEnum(str, Enum):
 class DeepSpeedTPConfig(DeepSpeedConfigModel):
     """``tensor_parallel`` (alias ``tp``)."""
 
+    tested_by = {
+        "enabled": KEY_TESTS + "test_tensor_parallel_enabled_false_splits_nothing",
+        "tp_size": TESTS + "test_inference_autotp.py::test_tp2_equals_single_process",
+        **dict.fromkeys(("mpu", "tp_group"),
+                        KEY_TESTS + "test_tensor_parallel_group_comes_from_tp_group_or_mpu"),
+    }
+
     enabled: bool = True
     tp_size: int = Field(1, ge=1)
     mpu: Any = None
@@ -63,6 +72,17 @@ class DeepSpeedTPConfig(DeepSpeedConfigModel):
 
 
 class DeepSpeedMoEConfig(DeepSpeedConfigModel):
+    tested_by = {
+        "enabled": KEY_TESTS + "test_moe_enabled_false_asks_for_no_expert_parallelism",
+        "ep_size": TESTS + "test_inference_moe.py::test_moe_settings_errors",
+        "moe_experts": TESTS + "test_inference_moe.py::test_moe_settings_errors",
+        "type": TESTS + "test_inference_moe.py::test_moe_settings_errors",
+    }
+    without_effect = dict.fromkeys(
+        ("ep_group", "ep_mp_group"),
+        "the expert-parallel groups are the ones the deepspeed.moe.layer.MoE layers built "
+        "(MoE(..., ep_size=...)); build the layers with the grouping you want")
+
     enabled: bool = True
     ep_size: int = Field(1, ge=1)
     moe_experts: list = Field([1], validation_alias=AliasChoices("moe_experts", "num_experts",
@@ -85,19 +105,38 @@ class BaseQuantConfig(DeepSpeedConfigModel):
 
 
 class WeightQuantConfig(BaseQuantConfig):
+    tested_by = {
+        "enabled": KEY_TESTS + "test_activation_quantization_quantizes_each_layer_input",
+        "num_bits": TESTS + "test_inference_int8.py::test_bad_quant_settings_name_the_key",
+        "q_type": KEY_TESTS + "test_weight_q_type_asymmetric_keeps_zero_points",
+        "q_groups": TESTS + "test_inference_int8.py::test_linear_output_within_documented_bound",
+    }
+    without_effect = dict.fromkeys(
+        ("quantized_initialization", "post_init_quant"),
+        "dtype=torch.int8 quantizes every Linear-like layer's weight after loading, with one "
+        "setting (quant.weight); per-layer tables are not read: exclude layers with "
+        "quant.qkv or keep them float with a separate model part")
+
     quantized_initialization: Dict = {}
     post_init_quant: Dict = {}
 
 
 class ActivationQuantConfig(BaseQuantConfig):
-    pass
+    """``quant.activation``: each quantized layer's input, quantized per token on the fly."""
+
+    tested_by = dict.fromkeys(("enabled", "num_bits", "q_type", "q_groups"),
+                              KEY_TESTS + "test_activation_quantization_quantizes_each_layer_input")
 
 
 class QKVQuantConfig(DeepSpeedConfigModel):
+    tested_by = {"enabled": KEY_TESTS + "test_qkv_off_leaves_the_attention_projections_in_float"}
+
     enabled: bool = True
 
 
 class QuantizationConfig(DeepSpeedConfigModel):
+    tested_by = {"enabled": KEY_TESTS + "test_activation_quantization_quantizes_each_layer_input"}
+
     enabled: bool = True
     activation: ActivationQuantConfig = Field(default_factory=ActivationQuantConfig)
     weight: WeightQuantConfig = Field(default_factory=WeightQuantConfig)
@@ -105,6 +144,13 @@ class QuantizationConfig(DeepSpeedConfigModel):
 
 
 class InferenceCheckpointConfig(DeepSpeedConfigModel):
+    """``checkpoint_config`` (alias ``ckpt_config``): the checkpoint keys grouped; the
+    top-level ``checkpoint`` / ``base_dir`` / ``save_mp_checkpoint_path`` win when given."""
+
+    tested_by = dict.fromkeys(
+        ("checkpoint_dir", "base_dir", "save_mp_checkpoint_path"),
+        KEY_TESTS + "test_checkpoint_config_names_the_checkpoint_and_its_directory")
+
     checkpoint_dir: Optional[str] = None
     save_mp_checkpoint_path: Optional[str] = None
     base_dir: Optional[str] = None
@@ -127,6 +173,60 @@ _SUB_ALIASES = {"tensor_parallel": ("tensor_parallel", "tp"), "moe": ("moe",)}
 
 class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
     """The documented ``init_inference`` fields (``deepspeed.inference.config``)."""
+
+    # what each key does here (see deepspeed.config.model); the deprecated top-level keys
+    # (mp_size, ep_size, ...) move into tensor_parallel / moe and share their rows' effects
+    tested_by = {
+        "replace_with_kernel_inject": TESTS + "test_inference_kernel_inject.py::"
+                                              "test_cpu_falls_back_with_one_log_line",
+        "dtype": TESTS + "test_inference_config.py::test_explicit_dtypes_convert_and_kwargs_reach_"
+                     "the_module",
+        "enable_cuda_graph": TESTS + "test_inference_cuda_graph.py::test_refused_without_cuda",
+        "use_triton": KEY_TESTS + "test_use_triton_needs_kernel_injection_and_a_cuda_device",
+        "zero": KEY_TESTS + "test_zero_inference_partitions_the_parameters_and_computes_the_same",
+        "checkpoint": TESTS + "test_inference_checkpoint.py::test_descriptor_dict_and_deepspeed_"
+                          "module_file_single_process",
+        "base_dir": TESTS + "test_inference_checkpoint.py::test_descriptor_dict_and_"
+                            "deepspeed_module_file_single_process",
+        "set_empty_params": KEY_TESTS + "test_set_empty_params_takes_every_weight_from_the_"
+                                        "checkpoint",
+        "save_mp_checkpoint_path": TESTS + "test_inference_checkpoint.py::test_unimplemented_"
+                                       "checkpoint_options_are_named",
+        "training_mp_size": TESTS + "test_inference_checkpoint.py::test_unimplemented_checkpoint_"
+                                "options_are_named",
+        "injection_policy": TESTS + "test_inference_autotp.py::test_injection_policy_path_equals_"
+                                "autotp",
+        "injection_policy_tuple": TESTS + "test_inference_autotp.py::test_replace_transformer_"
+                                          "layer_tensor_slicing",
+        "max_out_tokens": TESTS + "test_inference_config.py::test_generate_passthrough_and_max_out_"
+                              "tokens",
+        "min_out_tokens": KEY_TESTS + "test_min_out_tokens_must_fit_within_max_out_tokens",
+        "mp_size": TESTS + "test_inference_config.py::test_deprecated_keys_move_to_their_"
+                       "replacements",
+        "mpu": KEY_TESTS + "test_tensor_parallel_group_comes_from_tp_group_or_mpu",
+        "ep_size": TESTS + "test_inference_moe.py::test_moe_settings_errors",
+        "moe_experts": TESTS + "test_inference_config.py::test_deprecated_keys_move_to_their_"
+                           "replacements",
+        "moe_type": TESTS + "test_inference_config.py::test_deprecated_keys_move_to_their_"
+                        "replacements",
+    }
+    without_effect = {
+        "triton_autotune": "the Triton kernels of this build (use_triton) run with fixed block "
+                           "sizes; there is nothing to autotune",
+        "triangular_masking": "kernel injection keeps each model's own attention masking (SDPA "
+                              "with the mask the model builds); the mask is not switched here",
+        "return_tuple": "kernel injection keeps the model's own transformer layers, which "
+                        "return what they always return",
+        "replace_method": "deprecated upstream; the layers to split are found by AutoTP or "
+                          "named by injection_policy",
+        "transposed_mode": "no injected kernel of this build takes transposed weights; the "
+                           "layers keep torch's layout",
+        "config": "the model's configuration is read from the model itself (model.config)",
+        "ep_group": "the expert-parallel groups are the ones the deepspeed.moe.layer.MoE layers "
+                    "built (MoE(..., ep_size=...))",
+        "ep_mp_group": "the expert-parallel groups are the ones the deepspeed.moe.layer.MoE "
+                       "layers built (MoE(..., ep_size=...))",
+    }
 
     replace_with_kernel_inject: bool = Field(False, alias="kernel_inject")
     dtype: DtypeEnum = DtypeEnum.fp16

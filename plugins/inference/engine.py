@@ -10,14 +10,20 @@ Policies of this build:
   the *default* fp16 keeps the model's own dtype and logs one line saying so, so that
   ``init_inference(model)`` followed by ``engine(fp32 inputs)`` works as on upstream's GPUs; an
   fp16 the caller asked for explicitly is honoured (torch runs fp16 on CPU, slowly).
-  ``torch.int8`` is weight-only int8 (``deepspeed.inference.quantize``): the model computes in
-  its own float dtype, its Linear weights are stored as int8 with per-group scales.
+  ``torch.int8`` is int8 quantization (``deepspeed.inference.quantize``): the model computes in
+  its own float dtype, its Linear weights are stored as int8 with per-group scales and (the
+  documented default of ``quant.activation``) their inputs are quantized on the fly.
 - ``replace_with_kernel_inject=True``: SDPA attention and, on GPU, fused bias-GeLU
   (``deepspeed.inference.kernel_inject``); on CPU AutoTP + SDPA with one log line.
 - distributed: a process group is started (``deepspeed.comm.init_distributed``) only when
   ``tp_size > 1`` needs one; a single-process engine never starts one.
 - ``enable_cuda_graph=True`` (GPU only, refused on CPU): ``engine(...)`` and greedy
   ``engine.generate(...)`` replay captured CUDA graphs (``deepspeed.inference.cuda_graph``).
+- ``zero={"stage": 3, ...}`` (ZeRO-Inference): the parameters are partitioned over the ranks
+  and gathered module by module as the model runs (a ZeRO-3 engine without an optimizer).
+- ``set_empty_params=True``: every parameter is emptied before ``checkpoint`` fills it.
+- ``min_out_tokens``: ``generate`` refuses an input that leaves fewer new tokens than that
+  within ``max_out_tokens``.
 """
 import torch
 from torch import nn
@@ -25,7 +31,7 @@ from torch import nn
 from deepspeed import comm as dist
 from deepspeed import topology
 from deepspeed.hooks import ParallelDim
-from deepspeed.inference.checkpoint import checkpoint_files, load_into
+from deepspeed.inference.checkpoint import checkpoint_files, empty_parameters, load_into
 from deepspeed.inference.config import DtypeEnum
 from deepspeed.inference.cuda_graph import CudaGraphs, refuse_without_cuda
 from deepspeed.inference.kernel_inject import inject
@@ -53,8 +59,12 @@ class InferenceEngine(nn.Module):
         self.mp_world_size = 1
         self._check_unsupported(config)
         files = None  # named files are checked before anything changes
-        if config.checkpoint is not None:
-            files = checkpoint_files(config.checkpoint, config.base_dir)
+        checkpoint, base_dir = _checkpoint_source(config)
+        if checkpoint is not None:
+            files = checkpoint_files(checkpoint, base_dir)
+        elif config.set_empty_params:
+            raise ValueError("set_empty_params=True builds the model's parameters empty, to be "
+                             "filled from checkpoint=...; give a checkpoint, or leave it False")
         self._convert_dtype(config, explicit)
         tp = config.tensor_parallel
         if tp.enabled and tp.tp_size > 1:
@@ -62,17 +72,20 @@ class InferenceEngine(nn.Module):
         self.moe_layers = prepare_moe(model, config.moe) if config.moe else []
         self.checkpoint_stats = None
         if files is not None:  # after the split: each rank reads only its shards
+            if config.set_empty_params:  # nothing of the model's own values is kept
+                empty_parameters(self.module)
             self.checkpoint_stats = load_into(self.module, files)
         self.injected = None
         if config.replace_with_kernel_inject:  # on CPU: one log line, AutoTP + SDPA
             from deepspeed.accelerator import get_accelerator
 
             on_gpu = get_accelerator().device_name() == "cuda" and torch.cuda.is_available()
-            self.injected = inject(self.module, on_gpu)
+            self.injected = inject(self.module, on_gpu, use_triton=config.use_triton)
         self.quantized = {}
         if config.dtype is DtypeEnum.int8:
             self.quantized = quantize_model(self.module, config.quant)
         self.module.eval()
+        self.zero_engine = self._zero_inference(config) if config.zero else None
         self.cuda_graphs = CudaGraphs(self.module) if config.enable_cuda_graph else None
 
     @property
@@ -81,12 +94,14 @@ class InferenceEngine(nn.Module):
 
     # ------------------------------------------------------------------ set-up
     def _check_unsupported(self, config):
-        if config.save_mp_checkpoint_path is not None:
+        save_path = (config.save_mp_checkpoint_path
+                     or config.checkpoint_config.save_mp_checkpoint_path)
+        if save_path is not None:
             raise NotImplementedError(
-                f"save_mp_checkpoint_path={config.save_mp_checkpoint_path!r}: saving the split "
+                f"save_mp_checkpoint_path={save_path!r}: saving the split "
                 f"model as a checkpoint is not implemented; leave it None (checkpoint= loads "
                 f"straight into shards at any tp_size)")
-        if config.training_mp_size > 1 and config.checkpoint is not None:
+        if config.training_mp_size > 1 and _checkpoint_source(config)[0] is not None:
             raise NotImplementedError(
                 f"training_mp_size={config.training_mp_size}: merging model-parallel training "
                 f"checkpoints is not implemented; pass a full (consolidated) state dict")
@@ -95,6 +110,29 @@ class InferenceEngine(nn.Module):
                                  "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")
         if config.enable_cuda_graph:
             refuse_without_cuda()
+        if config.use_triton:
+            from deepspeed.accelerator import get_accelerator
+
+            if not config.replace_with_kernel_inject:
+                raise ValueError("use_triton=True runs the injected ops as Triton kernels: set "
+                                 "replace_with_kernel_inject=True as well")
+            if get_accelerator().device_name() != "cuda" or not torch.cuda.is_available():
+                raise ValueError("use_triton=True needs a CUDA device (the Triton kernels of "
+                                 "this build are GPU kernels); on CPU leave it False, kernel "
+                                 "injection then falls back to AutoTP + SDPA")
+        if config.min_out_tokens > config.max_out_tokens:
+            raise ValueError(f"min_out_tokens={config.min_out_tokens} is more than "
+                             f"max_out_tokens={config.max_out_tokens}: the engine could never "
+                             f"generate that many; raise max_out_tokens")
+        if config.zero:
+            stage = int(config.zero.get("stage", 0))
+            if stage != 3:
+                raise ValueError(f"zero={config.zero!r}: ZeRO-Inference partitions the "
+                                 f"parameters, which is ZeRO stage 3 (got stage {stage}); "
+                                 f"give {{\"stage\": 3, ...}}")
+            if config.tensor_parallel.tp_size > 1 or config.enable_cuda_graph:
+                raise ValueError("zero= (ZeRO-Inference) does not combine with tensor_parallel "
+                                 "or enable_cuda_graph: use one of them")
 
     def _convert_dtype(self, config, explicit):
         from deepspeed.accelerator import get_accelerator
@@ -156,10 +194,23 @@ class InferenceEngine(nn.Module):
             [range(start, start + tp_size) for start in range(0, world, tp_size)]))
         return dim.group
 
+    def _zero_inference(self, config):
+        """``zero={"stage": 3, ...}``: the model's parameters are partitioned over the ranks
+        and gathered module by module as it runs (ZeRO-3 without an optimizer: every
+        ``zero_optimization`` key applies, ``offload_param`` included)."""
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(
+            model=self.module, config={"train_micro_batch_size_per_gpu": 1,
+                                       "zero_optimization": dict(config.zero)})
+        return engine
+
     # ------------------------------------------------------------------ running
     def forward(self, *inputs, **kwargs):
         if self.cuda_graphs is not None:
             return self.cuda_graphs.forward(inputs, kwargs)
+        if self.zero_engine is not None:
+            return self.zero_engine(*inputs, **kwargs)
         return self.module(*inputs, **kwargs)
 
     def generate(self, *inputs, **kwargs):
@@ -172,6 +223,21 @@ class InferenceEngine(nn.Module):
         if torch.is_tensor(ids) and ids.dim() >= 1 and ids.shape[-1] > self._config.max_out_tokens:
             raise RuntimeError(f"input of {ids.shape[-1]} tokens is longer than max_out_tokens="
                                f"{self._config.max_out_tokens}")
+        if torch.is_tensor(ids) and ids.dim() >= 1 \
+                and ids.shape[-1] + self._config.min_out_tokens > self._config.max_out_tokens:
+            raise RuntimeError(
+                f"an input of {ids.shape[-1]} tokens leaves room for "
+                f"{self._config.max_out_tokens - ids.shape[-1]} new tokens within max_out_tokens="
+                f"{self._config.max_out_tokens}, fewer than min_out_tokens="
+                f"{self._config.min_out_tokens}; shorten the input or raise max_out_tokens")
         if self.cuda_graphs is not None:
             return self.cuda_graphs.generate(inputs, kwargs)
         return generate(*inputs, **kwargs)
+
+
+def _checkpoint_source(config):
+    """``(checkpoint, base_dir)``: the top-level keys, else ``checkpoint_config``'s
+    ``checkpoint_dir`` / ``base_dir`` (the documented sub-section naming the same things)."""
+    sub = config.checkpoint_config
+    checkpoint = config.checkpoint if config.checkpoint is not None else sub.checkpoint_dir
+    return checkpoint, config.base_dir or sub.base_dir or ""

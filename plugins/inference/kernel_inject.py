@@ -7,9 +7,10 @@ What it does to the (already AutoTP-split) model:
    keeps its KV cache (Hugging Face's cache, ``use_cache=True``);
 2. on GPU, the MLP's ``Linear -> GeLU`` pairs of the documented families (BERT
    ``intermediate.dense``, GPT-NeoX / Falcon ``dense_h_to_4h``, GPT-2-style ``c_fc`` are
-   Conv1D and not touched) become one ``FusedBiasGeLU``: the matmul without bias, then a Triton
-   kernel adding the bias and applying GeLU in one pass over the activations (one read and one
-   write instead of three of each). Without Triton it computes the same in eager PyTorch.
+   Conv1D and not touched) become one ``FusedBiasGeLU``: the matmul without bias, then, with
+   ``use_triton=True``, a Triton kernel adding the bias and applying GeLU in one pass over the
+   activations (one read and one write instead of three of each). Without it (or without
+   Triton) it computes the same in eager PyTorch.
 
 On CPU the fused kernels would not beat eager PyTorch, so the option falls back to AutoTP +
 SDPA and logs one line saying so.
@@ -53,10 +54,11 @@ def _gelu_kind(act):
 class FusedBiasGeLU(nn.Module):
     """``gelu(x @ weight.T + bias)`` with the bias and GeLU fused (Triton on CUDA)."""
 
-    def __init__(self, linear, approximate="none"):
+    def __init__(self, linear, approximate="none", use_triton=False):
         super().__init__()
         self.linear = linear
         self.approximate = approximate
+        self.use_triton = use_triton
 
     @property
     def weight(self):
@@ -64,12 +66,13 @@ class FusedBiasGeLU(nn.Module):
 
     def forward(self, x):
         y = F.linear(x, self.linear.weight)
-        return bias_gelu(y, self.linear.bias, self.approximate)
+        return bias_gelu(y, self.linear.bias, self.approximate, self.use_triton)
 
 
-def bias_gelu(y, bias, approximate="none"):
-    """``gelu(y + bias)``: the Triton kernel for CUDA tensors when Triton is there."""
-    if y.is_cuda and _triton_ok():
+def bias_gelu(y, bias, approximate="none", use_triton=False):
+    """``gelu(y + bias)``: the Triton kernel for CUDA tensors with ``use_triton``
+    (``init_inference(use_triton=True)``), else eager PyTorch."""
+    if use_triton and y.is_cuda and _triton_ok():
         from deepspeed.inference.triton_bias_gelu import triton_bias_gelu
 
         return triton_bias_gelu(y, bias, approximate == "tanh")
@@ -84,7 +87,7 @@ def _triton_ok():
     return True
 
 
-def fuse_bias_gelu(model):
+def fuse_bias_gelu(model, use_triton=False):
     """Replace each fusable ``act(linear(x))`` pair; returns the names of the fused Linears."""
     fused = []
     for name, module in model.named_modules():
@@ -98,18 +101,19 @@ def fuse_bias_gelu(model):
                 continue
             if not isinstance(getattr(linear, "weight", None), torch.Tensor):
                 continue
-            setattr(module, lin_attr, FusedBiasGeLU(linear, kind))
+            setattr(module, lin_attr, FusedBiasGeLU(linear, kind, use_triton))
             setattr(module, act_attr, nn.Identity())
             fused.append(f"{name}.{lin_attr}".lstrip("."))
     return fused
 
 
-def inject(model, on_gpu):
-    """Apply the fused path (GPU) or its CPU fallback; returns what was done."""
+def inject(model, on_gpu, use_triton=False):
+    """Apply the fused path (GPU; its bias-GeLU a Triton kernel with ``use_triton``) or its
+    CPU fallback; returns what was done."""
     sdpa = use_sdpa(model)
     if not on_gpu:
         logger.info("init_inference: replace_with_kernel_inject=True on CPU falls back to AutoTP "
                     f"with {'SDPA attention' if sdpa else 'the model attention'} (the fused "
                     "kernels are GPU-only)")
         return {"sdpa": sdpa, "fused": []}
-    return {"sdpa": sdpa, "fused": fuse_bias_gelu(model)}
+    return {"sdpa": sdpa, "fused": fuse_bias_gelu(model, use_triton)}

@@ -60,6 +60,11 @@ def prepare_moe(model, moe):
                          f"Mixtral's are sliced by tensor_parallel.tp_size instead)")
     experts = list(moe.moe_experts)
     for i, (name, layer) in enumerate(layers):
+        if moe.enabled and moe.type.value == "residual" and not getattr(layer, "use_residual",
+                                                                         False):
+            raise ValueError(f"moe.type=residual but MoE layer {name} was built without "
+                             f"use_residual; build it with MoE(..., use_residual=True) or leave "
+                             f"moe.type at standard")
         if asked_ep and layer.ep_size != moe.ep_size:
             raise ValueError(f"moe.ep_size={moe.ep_size} but MoE layer {name} was built with "
                              f"ep_size={layer.ep_size}; build the layers with "

@@ -21,6 +21,9 @@ def init_inference(model, config=None, **kwargs):
         merged = merge_config(config, kwargs)
         explicit = set(merged)
         config = DeepSpeedInferenceConfig(**merged)
+    from deepspeed.config.without_effect import warn_without_effect
+
+    warn_without_effect(config, "init_inference")  # keys without effect here: once, with why
     return InferenceEngine(model, config, explicit=explicit)
 
 

@@ -13,6 +13,14 @@ Groups: each output row is cut into ``q_groups`` equal groups of input weights
 layer's output error is at most ``sum_j |x_j| * s_group(i, j) / 2`` per output ``i``
 (``output_error_bound``). Asymmetric adds a per-group zero point (``s = (max - min) / 255``).
 Weights take a quarter of their fp32 bytes (plus 4 bytes of scale per group).
+
+``quant`` (``QuantizationConfig``) chooses what is quantized: ``quant.enabled: false`` keeps the
+model in float; ``quant.weight.enabled: false`` keeps the weights float; ``quant.qkv.enabled:
+false`` keeps the attention's query/key/value projections float (``QKV_NAMES``); with
+``quant.activation.enabled`` (the default) each quantized layer's input is quantized on the fly
+too (``fake_quantize``: per token, in ``activation.q_groups`` groups of its features, to
+``activation.num_bits`` bits, symmetric or asymmetric), so the layer computes on the values an
+int8 kernel would see.
 """
 import torch
 from torch import nn
@@ -22,6 +30,9 @@ from deepspeed.inference.vocab_parallel import VocabParallelLMHead
 from deepspeed.tensor_parallel import LinearAllreduce, LinearLayer
 
 QUANTIZABLE = (nn.Linear, LinearLayer, LinearAllreduce, VocabParallelLMHead)
+# the attention input projections ``quant.qkv.enabled: false`` leaves in float
+QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "query", "key", "value",
+             "query_key_value", "c_attn", "Wqkv", "in_proj")
 
 
 def _grouped(weight, q_groups):
@@ -85,7 +96,42 @@ def output_error_bound(x, scale):
     return (xs.unsqueeze(-2) * scale).sum(-1) / 2  # [..., out]
 
 
+def fake_quantize(x, num_bits=8, q_groups=1, symmetric=True):
+    """``x`` rounded to ``num_bits``-bit codes and back, per row of its last dimension cut into
+    ``q_groups`` groups (dynamic activation quantization: the scale follows each token)."""
+    g = x.float().reshape(*x.shape[:-1], q_groups, x.shape[-1] // q_groups)
+    if symmetric:
+        top = 2 ** (num_bits - 1) - 1
+        scale = g.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / top
+        out = torch.round(g / scale).clamp(-top, top) * scale
+    else:
+        low, high = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+        scale = (high - low).clamp(min=1e-12) / (2 ** num_bits - 1)
+        out = torch.round((g - low) / scale) * scale + low
+    return out.reshape(x.shape).to(x.dtype)
+
+
+class _QuantizeInput:
+    """Forward pre-hook quantizing a layer's input (``quant.activation``)."""
+
+    def __init__(self, activation):
+        self.num_bits, self.q_groups = activation.num_bits, activation.q_groups
+        self.symmetric = activation.q_type.value == "symmetric"
+
+    def __call__(self, module, args):
+        if not args or not torch.is_tensor(args[0]) or not args[0].is_floating_point():
+            return None
+        return (fake_quantize(args[0], self.num_bits, self.q_groups, self.symmetric),
+                *args[1:])
+
+
 def _check(quant):
+    activation = quant.activation
+    if activation.enabled and not 2 <= activation.num_bits <= 8:
+        raise ValueError(f"quant.activation.num_bits={activation.num_bits} is not supported "
+                         f"(2 to 8 bits)")
+    if activation.enabled and activation.q_groups < 1:
+        raise ValueError(f"quant.activation.q_groups={activation.q_groups} must be >= 1")
     weight = quant.weight
     if weight.num_bits != 8:
         raise ValueError(f"quant.weight.num_bits={weight.num_bits} is not supported by "
@@ -98,8 +144,11 @@ def quantize_model(model, quant):
     """Quantize ``model``'s Linear-like layers in place as ``quant`` (``QuantizationConfig``)
     says; returns ``{name: (fp32 bytes before, int8 bytes + scale bytes after)}``."""
     _check(quant)
+    if not quant.enabled:
+        return {}
     q_groups = quant.weight.q_groups
     symmetric = quant.weight.q_type.value == "symmetric"
+    quantize_input = _QuantizeInput(quant.activation) if quant.activation.enabled else None
     owners = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
@@ -108,8 +157,17 @@ def quantize_model(model, quant):
     for name, module in model.named_modules():
         if not isinstance(module, QUANTIZABLE) or parametrize.is_parametrized(module):
             continue
+        if not quant.qkv.enabled and name.rsplit(".", 1)[-1] in QKV_NAMES:
+            continue
         weight = module.weight
         if weight.dim() != 2 or not weight.is_floating_point() or owners[id(weight)] > 1:
+            continue
+        if quantize_input is not None:
+            if weight.shape[1] % quant.activation.q_groups:
+                raise ValueError(f"quant.activation.q_groups={quant.activation.q_groups} does "
+                                 f"not divide the {weight.shape[1]} input features of {name}")
+            module.register_forward_pre_hook(quantize_input)
+        if not quant.weight.enabled:
             continue
         if weight.shape[1] % q_groups:
             raise ValueError(f"quant.weight.q_groups={q_groups} does not divide the "

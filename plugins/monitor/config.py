@@ -14,8 +14,16 @@ from deepspeed.config import DeepSpeedConfigModel
 DEFAULT_JOB_NAME = "DeepSpeedJobName"
 
 
+# the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
+MASTER = "tests/plugins/monitor/test_monitor_master.py::"
+KEYS = "tests/plugins/monitor/test_monitor_keys.py::"
+
+
 class TensorBoardConfig(DeepSpeedConfigModel):
     """Scalars to TensorBoard event files under ``output_path/job_name``."""
+
+    tested_by = dict.fromkeys(("enabled", "output_path", "job_name"),
+                              MASTER + "test_tensorboard_backend_writes_readable_scalars")
 
     enabled: bool = False
     output_path: Optional[str] = ""
@@ -24,6 +32,9 @@ class TensorBoardConfig(DeepSpeedConfigModel):
 
 class WandbConfig(DeepSpeedConfigModel):
     """Scalars to a Weights & Biases run; ``team`` is the W&B entity."""
+
+    tested_by = dict.fromkeys(("enabled", "group", "team", "project"),
+                              KEYS + "test_every_wandb_key_reaches_wandb_init")
 
     enabled: bool = False
     group: Optional[str] = None
@@ -34,6 +45,9 @@ class WandbConfig(DeepSpeedConfigModel):
 class CSVConfig(DeepSpeedConfigModel):
     """One CSV file per event name under ``output_path/job_name``."""
 
+    tested_by = dict.fromkeys(("enabled", "output_path", "job_name"),
+                              MASTER + "test_user_events_go_to_one_csv_file_per_name")
+
     enabled: bool = False
     output_path: Optional[str] = ""
     job_name: str = DEFAULT_JOB_NAME
@@ -43,6 +57,14 @@ class CometConfig(DeepSpeedConfigModel):
     """Scalars to a Comet experiment. ``online: false`` keeps the experiment on disk
     (``comet_ml`` offline mode); ``samples_log_interval`` throttles each series to at most one
     point per that many samples."""
+
+    tested_by = {
+        **dict.fromkeys(("enabled", "project", "workspace", "api_key", "experiment_name",
+                         "experiment_key", "online", "mode"),
+                        KEYS + "test_every_comet_key_reaches_comet_ml_start"),
+        "samples_log_interval": MASTER + "test_comet_offline_experiment_logs_with_the_sample_"
+                                         "interval",
+    }
 
     enabled: bool = False
     samples_log_interval: int = Field(100, gt=0)

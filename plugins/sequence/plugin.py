@@ -17,6 +17,8 @@ SECTION = "sequence_parallel_size"
 
 class SequenceParallelPlugin(DeepSpeedPlugin):
     config_sections = {SECTION: PositiveInt}
+    tested_by = {SECTION: "tests/plugins/sequence/test_sequence_engine.py::"
+                          "test_config_without_sequence_groups_is_a_clear_error"}
 
     def is_enabled(self, config, sections):
         return config.has_section(SECTION)

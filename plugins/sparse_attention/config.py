@@ -35,6 +35,14 @@ CLASSES = {"dense": DenseSparsityConfig, "fixed": FixedSparsityConfig,
 
 
 class SparseAttentionConfig(DeepSpeedConfigModel):
+
+    # what each key does here (see deepspeed.config.model): the sparsity config it builds
+    tested_by = dict.fromkeys(
+        ("mode", "block", "different_layout_per_head", "num_local_blocks", "num_global_blocks",
+         "attention", "horizontal_global_attention", "num_different_global_patterns",
+         "num_random_blocks", "local_window_blocks", "global_block_indices",
+         "global_block_end_indices", "num_sliding_window_blocks"),
+        "tests/plugins/sparse_attention/test_sparse_attention_config.py::test_each_mode")
     mode: Literal["dense", "fixed", "variable", "bigbird", "bslongformer"] = "fixed"
     block: int = 16
     different_layout_per_head: bool = False

@@ -31,6 +31,22 @@ class TPConfig(DeepSpeedConfigModel):
 class TensorParallelTrainingConfig(DeepSpeedConfigModel):
     """``tensor_parallel``: AutoTP training."""
 
+    # what each key does here (see deepspeed.config.model)
+    tested_by = {
+        "autotp_size": "tests/plugins/tensor_parallel/test_tp_checkpoint_and_errors.py::"
+                       "test_bad_tensor_parallel_input_is_a_clear_error",
+        "injection_policy_tuple": "tests/plugins/tensor_parallel/test_tp_keys.py::"
+                                  "test_injection_policy_tuple_names_the_row_parallel_layers",
+    }
+    refused = {
+        "replace_with_kernel_inject": "AutoTP training uses no fused inference kernels; leave it "
+                                      "false (init_inference has kernel injection)",
+        **dict.fromkeys(
+            ("tensor_parallel.tp_size", "tensor_parallel.mpu", "tensor_parallel.tp_group"),
+            "the nested block holds init_inference's settings; for training set "
+            "tensor_parallel.autotp_size"),
+    }
+
     autotp_size: int = Field(0, ge=0)
     tp_overlap_comm: bool = False
     keep_module_on_host: bool = False

@@ -16,6 +16,17 @@ __all__ = ["AioConfig"]
 class AioConfig(DeepSpeedConfigModel):
     """Parameters of `deepspeed.ops.aio.aio_handle` for the NVMe swapper."""
 
+    # what each key does here (see deepspeed.config.model)
+    tested_by = dict.fromkeys(
+        ("block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events"),
+        "tests/plugins/zero/test_zero3_key_effects.py::"
+        "test_the_aio_section_configures_the_nvme_swap_handle")
+    without_effect = {
+        "use_gds": "GPUDirect Storage needs NVIDIA cuFile, which this build does not use: NVMe "
+                   "swaps go through host buffers with the async_io op (libaio, or its thread "
+                   "fallback), which is what runs",
+    }
+
     block_size: int = Field(1_048_576, gt=0, description="bytes per I/O request")
     queue_depth: int = Field(8, gt=0, description="I/O requests in flight")
     intra_op_parallelism: Annotated[int, deprecated_alias("thread_count")] = Field(

@@ -77,6 +77,9 @@ def _knob(default: int, alias: Optional[str] = None, description: str = "") -> A
 
 
 # Integer knobs that may arrive as "auto" or as a fractional float from an integration.
+Z = "tests/plugins/zero/"
+C = Z + "test_zero_collective_keys.py::"
+
 _INT_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "allgather_size", "sub_group_size",
               "prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
               "max_live_parameters", "max_reuse_distance", "zero_hpz_partition_size")
@@ -85,6 +88,59 @@ _INT_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "allgather_size", "
 class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     """`zero_optimization`: which ZeRO stage runs and how it buckets, overlaps and offloads."""
 
+    # what each key does here (see deepspeed.config.model): the test that fails without it
+    tested_by = {
+        "stage": Z + "test_zero_training.py::test_stage_matches_reference",
+        "contiguous_gradients": C + "test_contiguous_gradients_off_keeps_full_gradients_until_"
+                                    "the_bucket_goes",
+        "reduce_scatter": C + "test_reduce_scatter_and_multi_rank_allreduce_choose_the_gradient_"
+                              "collective",
+        "use_multi_rank_bucket_allreduce": C + "test_reduce_scatter_and_multi_rank_allreduce_"
+                                               "choose_the_gradient_collective",
+        "reduce_bucket_size": C + "test_allgather_and_bucket_keys_shape_the_collectives",
+        "allgather_partitions": C + "test_allgather_and_bucket_keys_shape_the_collectives",
+        "allgather_bucket_size": C + "test_allgather_and_bucket_keys_shape_the_collectives",
+        "allgather_size": Z + "test_zero3_key_effects.py::test_allgather_size_is_the_legacy_name_"
+                              "of_the_all_gather_bucket_size",
+        "overlap_comm": C + "test_overlap_comm_makes_the_gradient_collectives_asynchronous",
+        "load_from_fp32_weights": Z + "test_zero_checkpoint.py::test_resume_on_the_same_ranks_"
+                                      "continues_exactly",
+        "elastic_checkpoint": Z + "test_zero_checkpoint.py::test_elastic_checkpoint_"
+                                  "repartitions_without_loss",
+        "cpu_offload_use_pin_memory": Z + "test_zero_config.py::test_cpu_offload_param_and_pin_"
+                                          "memory_mapping",
+        "sub_group_size": Z + "test_zero_debug_access.py::test_nvme_sub_groups_match_reference",
+        "prefetch_bucket_size": Z + "test_zero3_coalescing.py::test_one_all_gather_per_module_"
+                                    "and_one_reduce_scatter_per_bucket",
+        "param_persistence_threshold": Z + "test_zero_stage3.py::test_small_parameters_persist",
+        "model_persistence_threshold": Z + "test_zero3_key_effects.py::test_model_persistence_"
+                                           "threshold_caps_what_stays_whole",
+        "max_live_parameters": Z + "test_zero_stage3.py::test_max_live_parameters_bounds_"
+                                   "prefetching",
+        "max_reuse_distance": Z + "test_zero_reuse_distance.py::test_reuse_distance_saves_"
+                                  "gathers_without_changing_numerics",
+        "gather_16bit_weights_on_model_save": Z + "test_zero_stage3.py::test_checkpoint_resume_"
+                                                  "and_16bit_save",
+        "ignore_unused_parameters": Z + "test_zero_partitioning.py::test_unused_parameters_"
+                                        "rejected_when_asked",
+        "zero_hpz_partition_size": Z + "test_zeropp_compose.py::test_all_flags_compose",
+        "zero_quantized_weights": Z + "test_zeropp_training.py::test_byte_counters_show_the_"
+                                      "savings",
+        "zero_quantized_nontrainable_weights": Z + "test_zeropp_mixz.py::test_frozen_weights_"
+                                                   "are_stored_int8_and_the_rest_trains",
+        "zero_quantized_gradients": Z + "test_zeropp_training.py::test_byte_counters_show_the_"
+                                        "savings",
+        "mics_shard_size": Z + "test_zero_mics.py::test_two_shards_of_four_ranks_train_like_the_"
+                               "reference",
+        "mics_hierarchical_params_gather": Z + "test_zero_mics.py::test_hierarchical_gather_is_"
+                                               "two_hops_with_the_same_result",
+        "memory_efficient_linear": Z + "test_zero3_memory.py::test_released_weights_are_freed_"
+                                       "before_backward_and_shards_view_masters",
+        # implemented with zero.Init's Module.apply (branch fidelity-names)
+        "override_module_apply": Z + "test_zero_init_module_apply.py::test_module_apply_during_"
+                                     "zero_init",
+    }
+
     stage: ZeroStageEnum = ZeroStageEnum.disabled
     contiguous_gradients: bool = True
     reduce_scatter: bool = True
@@ -92,7 +148,8 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     use_multi_rank_bucket_allreduce: bool = True
     allgather_partitions: bool = True
     allgather_bucket_size: int = _knob(500_000_000, description="elements all-gathered at a time")
-    allgather_size: int = _knob(500_000_000, description="legacy (boolean-form) all-gather size")
+    allgather_size: int = _knob(500_000_000, description="legacy name of allgather_bucket_size "
+                                "(used when allgather_bucket_size is not given)")
     overlap_comm: Optional[bool] = Field(None, description="None: on for stage 3 only")
     load_from_fp32_weights: bool = True
     elastic_checkpoint: bool = False
@@ -129,13 +186,19 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     override_module_apply: bool = True
     zenflow: Optional[ZenFlowConfig] = Field(None, description="ZenFlow (deepspeed.zero.zenflow)")
 
-    # keys that only tune how upstream's CUDA implementation copies or initialises, with nothing
-    # to tune in this one: the core warns once, so nobody measures a difference that cannot be there
+    # keys that only tune how upstream's CUDA implementation copies or initialises, or choose
+    # between implementations this build does not have: the core warns once, so nobody
+    # measures a difference that cannot be there
     without_effect = {
         "round_robin_gradients": "gradients already reach each rank's partition by one "
-                                 "reduce-scatter per bucket",
+                                 "reduce-scatter per bucket, with no per-rank copy loop to spread",
         "offload_optimizer.fast_init": "NVMe optimizer state is written once, directly, at "
-                                       "initialisation",
+                                       "initialisation; there is no slower path to skip",
+        "legacy_stage1": "this build has one stage 1 implementation (optimizer state "
+                         "partitioned over the data-parallel ranks), which runs either way",
+        "pipeline_loading_checkpoint": "load_checkpoint reads each rank's ZeRO-3 shards straight "
+                                       "into their partitions with or without pipelining, and "
+                                       "init_inference checkpoints do not go through ZeRO-3",
     }
 
     # -- input normalisation --------------------------------------------------------------------
@@ -188,12 +251,20 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
         if self.overlap_comm is None:
             # Written to __dict__: a validated assignment would re-enter this validator.
             self.__dict__["overlap_comm"] = stage == ZeroStageEnum.weights
+        if "allgather_size" in self.model_fields_set \
+                and "allgather_bucket_size" not in self.model_fields_set:
+            # the legacy name of the all-gather bucket size (the boolean form's era)
+            self.__dict__["allgather_bucket_size"] = self.allgather_size
         if self.offload_param is not None and self.offload_param.enabled and stage < ZeroStageEnum.weights:
             raise ValueError(f"offload_param is only supported with ZeRO stage 3 (stage is {stage})")
         opt = self.offload_optimizer
         if opt is not None and opt.enabled and opt.ratio < 1.0 and stage < ZeroStageEnum.weights:
             raise ValueError("Partial offloading only supported for ZeRO Stage 3 "
                              f"(offload_optimizer.ratio={opt.ratio}, stage is {stage})")
+        if opt is not None and opt.enabled and opt.ratio < 1.0 and self.zenflow is not None:
+            raise ValueError(f"offload_optimizer.ratio={opt.ratio} (partial offload) does not "
+                             f"combine with zenflow, which chooses itself what the CPU steps "
+                             f"(zenflow.topk_ratio); use one or the other")
         self._apply_legacy_pin_memory()
         return self
 

@@ -203,7 +203,7 @@ class FragmentAccessMixin:
     def _target(self, chunk, key, param):
         if key is None:
             return chunk.data.view(-1)
-        state = self.optimizer.state.get(chunk) or {}
+        state = self.optimizer_for(chunk).state.get(chunk) or {}
         value = state.get(key)
         if not torch.is_tensor(value) or value.numel() != chunk.numel():
             per_element = sorted(k for k, v in state.items()

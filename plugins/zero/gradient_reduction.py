@@ -1,14 +1,19 @@
 """Bucketed reduce-scatter of gradients into each rank's partition (ZeRO stages 1, 2 and 3).
 
 Stage 2 registers a post-accumulate-grad hook on every parameter: as backward produces a
-gradient it is copied into its bucket's flat send buffer and freed, and when a bucket is full it
-is reduce-scattered (asynchronously with ``overlap_comm``, so communication runs while backward
-continues). Buckets are launched strictly in bucket order on every rank: collectives pair up by
-issue order, so a rank whose backward produced gradients in another order (or not at all for an
-unused parameter) must not issue a different sequence; buckets holding parameters of a ZeRO-3
-leaf module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps
+gradient it is copied into its bucket's flat send buffer and freed (``contiguous_gradients``;
+with it off a gradient stays in ``param.grad`` until its bucket is launched, and all of the
+bucket's are copied then), and when a bucket is full it is reduce-scattered (asynchronously
+with ``overlap_comm``, so communication runs while backward continues). Buckets are
+launched strictly in bucket order on every rank: collectives pair up by issue order, so a
+rank whose backward produced gradients in another order (or not at all for an unused
+parameter) must not issue a different sequence; buckets holding parameters of a ZeRO-3 leaf
+module (whose gradients depend on routing) wait for the end of backward. Stage 1 keeps
 full gradients through accumulation and reduce-scatters all buckets at the boundary. ZeRO-3
 works as stage 2 over ``ShardRun``s: runs of whole sharded parameters, one collective each.
+
+Without ``reduce_scatter`` a bucket is all-reduced and each rank keeps its piece, or, with
+``use_multi_rank_bucket_allreduce`` off, reduced to each piece's owner by one reduce per rank.
 
 Each received piece is averaged (``gradient_averaging``) and *added* to the rank's fp32 gradient
 partition, so micro-batches accumulate there. A param group partitioned over its own process
@@ -29,6 +34,18 @@ from deepspeed.zero.shard_comm import plain_reduce_scatter
 from deepspeed.zero.z3_leaf_module import z3_leaf_parameter
 
 MAX_BUCKETS_IN_FLIGHT = 2  # with overlap_comm: double buffering bounds the extra memory
+
+
+class _AllOf:
+    """The handles of several asynchronous collectives as one (``wait`` joins them all)."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for work in self.works:
+            if work is not None and hasattr(work, "wait"):
+                work.wait()
 
 
 class UnusedParameterError(RuntimeError):
@@ -54,6 +71,9 @@ class GradientReducer:
         self.replica_group = replica_group
         self.overlap = bool(zero_config.overlap_comm)
         self.use_reduce_scatter = bool(zero_config.reduce_scatter)
+        self.contiguous = bool(zero_config.contiguous_gradients)
+        # without reduce_scatter: one all-reduce of the whole bucket, or a reduce per owner
+        self.multi_rank_allreduce = bool(zero_config.use_multi_rank_bucket_allreduce)
         self.ignore_unused = bool(zero_config.ignore_unused_parameters)
         self.param_names = param_names
         self.after_grad_taken = after_grad_taken  # ZeRO-3: release the gathered parameter
@@ -69,6 +89,7 @@ class GradientReducer:
 
     def _reset(self):
         self._inputs = [None] * len(self.buckets)
+        self._waiting = [[] for _ in self.buckets]  # contiguous_gradients off: grads not copied
         self._ready = [0] * len(self.buckets)
         self._next = 0
         self._pending = deque()
@@ -88,8 +109,11 @@ class GradientReducer:
 
     def _grad_ready(self, param):
         index = self._where[id(param)]
-        self.buckets[index].place_grad(self._input(index), param, param.grad)
-        param.grad = None  # stage 2 keeps only the partition: the full gradient goes now
+        if self.contiguous:
+            self.buckets[index].place_grad(self._input(index), param, param.grad)
+            param.grad = None  # stage 2 keeps only the partition: the full gradient goes now
+        else:  # copied with the rest of its bucket at launch (_take_waiting_grads)
+            self._waiting[index].append(param)
         if self.after_grad_taken is not None:
             self.after_grad_taken(param)
         self._seen.add(id(param))
@@ -163,8 +187,18 @@ class GradientReducer:
         self._reset()
 
     # ------------------------------------------------------------------ the collective
+    def _take_waiting_grads(self, index):
+        bucket = self.buckets[index]
+        for param in self._waiting[index]:
+            if param.grad is not None:
+                bucket.place_grad(self._input(index), param, param.grad)
+                param.grad = None
+        self._waiting[index] = []
+
     def _launch(self, index):
         bucket = self.buckets[index]
+        if self._waiting[index]:
+            self._take_waiting_grads(index)
         if getattr(bucket, "fills_itself", False):
             bucket.zero_missing(self._input(index), self._seen)
         flat = scale_before_reduce(self._input(index), self.config)
@@ -174,8 +208,15 @@ class GradientReducer:
         if self.use_reduce_scatter:
             received = self._receive_buffer(bucket, flat)
             work = self.reduce_scatter(received, flat, group, self.overlap)
-        else:  # documented alternative: all-reduce, keep our piece
+        elif self.multi_rank_allreduce:  # documented alternative: all-reduce, keep our piece
             work = dist.all_reduce(flat, group=group, async_op=self.overlap)
+            received = flat.narrow(0, rank * bucket.piece, bucket.piece)
+        else:  # use_multi_rank_bucket_allreduce off: one reduce to each piece's owner
+            work = _AllOf([dist.reduce(flat.narrow(0, owner * bucket.piece, bucket.piece),
+                                       dst=owner if group is None
+                                       else dist.get_global_rank(group, owner),
+                                       group=group, async_op=self.overlap)
+                           for owner in range(dist.get_world_size(group=group))])
             received = flat.narrow(0, rank * bucket.piece, bucket.piece)
         self._pending.append((work, received, bucket, flat))
         limit = MAX_BUCKETS_IN_FLIGHT if self.overlap else 0

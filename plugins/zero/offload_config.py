@@ -65,6 +65,20 @@ class _OffloadBase(DeepSpeedConfigModel):
 class DeepSpeedZeroOffloadParamConfig(_OffloadBase):
     """`zero_optimization.offload_param` (ZeRO stage 3 only): partitioned params on CPU or NVMe."""
 
+    # what each key does here (see deepspeed.config.model)
+    tested_by = {
+        "device": "tests/plugins/zero/test_zero_stage3.py::test_zero_inference_without_an_"
+                  "optimizer",
+        "nvme_path": "tests/plugins/zero/test_zero_stage3.py::test_zero_init_straight_to_nvme",
+        "pin_memory": "tests/plugins/zero/test_zero_gpu.py::test_zero_on_one_gpu_matches_adamw",
+        "buffer_count": "tests/plugins/zero/test_zero3_key_effects.py::"
+                        "test_offload_param_buffer_size_must_hold_a_shard",
+        "buffer_size": "tests/plugins/zero/test_zero3_key_effects.py::"
+                       "test_offload_param_buffer_size_must_hold_a_shard",
+        "max_in_cpu": "tests/plugins/zero/test_zero_stage3.py::test_nvme_param_and_optimizer_"
+                      "offload",
+    }
+
     buffer_count: int = Field(5, ge=0, description="buffers in the NVMe parameter buffer pool")
     buffer_size: int = Field(100_000_000, ge=0, description="elements per NVMe parameter buffer")
     max_in_cpu: int = Field(1_000_000_000, ge=0,
@@ -74,13 +88,34 @@ class DeepSpeedZeroOffloadParamConfig(_OffloadBase):
 class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
     """`zero_optimization.offload_optimizer` (stages 1-3): optimizer state and step on CPU/NVMe."""
 
+    # what each key does here (see deepspeed.config.model; fast_init: DeepSpeedZeroConfig)
+    tested_by = {
+        "device": "tests/plugins/zero/test_zero_training.py::test_cpu_offload_matches_reference",
+        "nvme_path": "tests/plugins/zero/test_zero_debug_access.py::"
+                     "test_nvme_sub_groups_match_reference",
+        "pin_memory": "tests/plugins/zero/test_zero_training.py::test_cpu_offload_matches_"
+                      "reference",
+        "buffer_count": "tests/plugins/zero/test_zero3_key_effects.py::"
+                        "test_the_aio_section_configures_the_nvme_swap_handle",
+        "pipeline_read": "tests/plugins/zero/test_zero_nvme_pipeline.py::"
+                         "test_pipeline_read_and_write_overlap_io_with_the_step",
+        "pipeline_write": "tests/plugins/zero/test_zero_nvme_pipeline.py::"
+                          "test_pipeline_read_and_write_overlap_io_with_the_step",
+        "ratio": "tests/plugins/zero/test_zero_partial_offload.py::"
+                 "test_half_the_optimizer_state_is_offloaded_and_training_equals_full_offload",
+    }
+
     buffer_count: int = Field(4, ge=0, description="NVMe swap buffers; at least the optimizer states "
                                                    "per parameter (Adam: param, grad, momentum, variance)")
-    pipeline_read: bool = False
-    pipeline_write: bool = False
+    pipeline_read: bool = Field(False, description="NVMe: read the next sub-group of the "
+                                "optimizer step while this one steps")
+    pipeline_write: bool = Field(False, description="NVMe: write a stepped sub-group while the "
+                                 "next one steps")
     fast_init: bool = False
-    ratio: float = Field(1.0, ge=0.0, le=1.0, description="fraction of optimizer states offloaded "
-                                                           "(< 1 is partial offload, stage 3 only)")
+    ratio: float = Field(1.0, ge=0.0, le=1.0, description="fraction of each rank's optimizer state "
+                         "(fp32 masters and moments) on the offload device, stepped there; the "
+                         "rest stays on the accelerator and is stepped there (< 1 is partial "
+                         "offload, stage 3 only; deepspeed.zero.offload.partial)")
 
     @property
     def pipeline(self) -> bool:

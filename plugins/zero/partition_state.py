@@ -36,7 +36,7 @@ def partition_state_dict(opt):
         for chunk in chunks:
             opt._swap_in(chunk)
             flat_parts.append(chunk.detach().clone())
-            for key, value in opt.optimizer.state.get(chunk, {}).items():
+            for key, value in opt.optimizer_for(chunk).state.get(chunk, {}).items():
                 if _is_elementwise(value, chunk.numel()):
                     state_parts.setdefault(key, []).append(value.detach().clone())
                 else:
@@ -116,7 +116,7 @@ def load_partition_state_dict(opt, saved, load_from_fp32_weights=None):
                      for key, value in saved["optimizer_state"][group].items()}
             for key, value in saved["optimizer_scalars"][group].items():
                 state[key] = value.clone() if torch.is_tensor(value) else value
-            opt.optimizer.state[chunk] = state
+            opt.optimizer_for(chunk).state[chunk] = state
             if load_from_fp32_weights:
                 with torch.no_grad():
                     chunk.copy_(flat.narrow(0, start, length))

@@ -134,7 +134,8 @@ def setup_stage3(engine, zero_config, aio_kwargs=None):
                       zero_config.model_persistence_threshold)
     return ParameterCoordinator(engine.module, zero_config.prefetch_bucket_size,
                                 zero_config.max_live_parameters,
-                                zero_config.max_reuse_distance).install()
+                                zero_config.max_reuse_distance,
+                                zero_config.memory_efficient_linear).install()
 
 
 def _setup_zeropp(engine, zero_config, coordinator):
@@ -155,7 +156,9 @@ def _nvme_swapper_factory(engine, zero_config, aio_config):
     def build(optimizer):
         return OptimizerStateSwapper(optimizer, path, rank, aio_kwargs=aio_config.handle_kwargs(),
                                      pin_memory=bool(offload.pin_memory),
-                                     buffer_count=int(offload.buffer_count))
+                                     buffer_count=int(offload.buffer_count),
+                                     read_ahead=offload.pipeline_read,
+                                     write_behind=offload.pipeline_write)
 
     return build
 
@@ -174,6 +177,10 @@ class ZeroPlugin(DeepSpeedPlugin):
     config_sections = {"zero_optimization": DeepSpeedZeroConfig, "aio": AioConfig,
                        ALLOW_UNTESTED: StrictBool, FORCE_DS_CPU: StrictBool}
     enabled_by = "zero_optimization.stage > 0"
+    tested_by = {
+        ALLOW_UNTESTED: "tests/plugins/zero/test_zero_partitioning.py::test_documented_refusals",
+        FORCE_DS_CPU: "tests/plugins/zero/test_zero_partitioning.py::test_documented_refusals",
+    }
 
     def is_enabled(self, config, sections):
         return _stage(config) > 0

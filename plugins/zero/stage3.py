@@ -138,7 +138,7 @@ class ParameterCoordinator:
     """Installs and drives the gather/release hooks of one model."""
 
     def __init__(self, module, prefetch_bucket_size=50_000_000, max_live_parameters=1_000_000_000,
-                 max_reuse_distance=1_000_000_000):
+                 max_reuse_distance=1_000_000_000, memory_efficient_linear=True):
         self.module = module
         self.prefetch_bucket_size = int(prefetch_bucket_size)
         self.max_live_parameters = int(max_live_parameters)
@@ -166,7 +166,10 @@ class ParameterCoordinator:
         self._prefetch_key = None  # what ``_prefetchable`` was decided for
         self._prefetchable = True
         # saved views of gathered weights do not keep them whole until backward
+        # (``zero_optimization.memory_efficient_linear``; off: autograd's saved views of a
+        # gathered weight keep it whole from the module's forward to its backward)
         self._saved_views = SavedWeightViews()
+        self.memory_efficient_linear = bool(memory_efficient_linear)
 
     def install(self):
         for module in self.module.modules():
@@ -214,7 +217,8 @@ class ParameterCoordinator:
         for param in params:  # a parameter shared with an enclosing module stays whole
             param.ds_active_sub_modules = getattr(param, "ds_active_sub_modules", 0) + 1
         self._gather(params)
-        self._saved_views.enter(module, params)
+        if self.memory_efficient_linear:
+            self._saved_views.enter(module, params)
 
     def _post_forward(self, module, args, output):
         if self._running and self._running[-1] is module:

@@ -40,6 +40,7 @@ from deepspeed.utils.timer import NoopTimer
 from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.fragment_access import FragmentAccessMixin
 from deepspeed.zero.gradient_reduction import GradientReducer
+from deepspeed.zero.offload.partial import device_twin, split_partition, sync_hyperparameters
 from deepspeed.zero.partition import build_layout, build_shard_layout, shard_runs
 
 
@@ -107,17 +108,34 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         self.master_device = torch.device(offload_device) if offload_device else device
         pin = bool(getattr(zero_config.offload_optimizer, "pin_memory", False))
         self.sub_group_size = max(int(zero_config.sub_group_size), 1)
+        # partial offload (offload_optimizer.ratio < 1): the sub-groups past each group's cut
+        # stay on ``device``, stepped there by a twin of the optimizer (deepspeed.zero.offload.
+        # partial); ``device_optimizer`` is None when everything sits in one place
+        offload = zero_config.offload_optimizer
+        ratio = float(offload.ratio) if offload_device and offload is not None else 1.0
+        self.resident_device = device
+        self._resident = set()  # id() of the sub-groups kept on ``device``
         self.chunks = []  # per group: fp32 Parameters covering the rank's partition in order
         self.grad_partitions = []
         optimizer.state.clear()
+        resident_groups = []
         for layout, group in zip(self.layouts, optimizer.param_groups):
             flat = self._concatenated([self._read_piece(b) for b in layout.buckets])
-            chunks = [torch.nn.Parameter(self._maybe_pin(piece.clone(), pin))
-                      for piece in flat.split(self.sub_group_size)]
+            chunks, resident = [], []
+            for piece, offloaded in split_partition(flat, ratio, self.sub_group_size):
+                if offloaded:
+                    chunks.append(torch.nn.Parameter(self._maybe_pin(piece.clone(), pin)))
+                else:
+                    resident.append(torch.nn.Parameter(piece.to(device, copy=True)))
+                    self._resident.add(id(resident[-1]))
+                    chunks.append(resident[-1])
             self.chunks.append(chunks)
             self.grad_partitions.append(self._maybe_pin(
                 torch.zeros(layout.partition_numel, device=self.master_device), pin))
-            group["params"] = chunks
+            group["params"] = [c for c in chunks if id(c) not in self._resident]
+            resident_groups.append(dict(group, params=resident))
+        self.device_optimizer = (device_twin(optimizer, device, resident_groups)
+                                 if self._resident else None)
         self._segments = [self._chunk_segments(g) for g in range(len(self.layouts))]
         self._chunk_starts = {}  # id(chunk) -> (group, offset in the group's partition)
         for group, chunks in enumerate(self.chunks):
@@ -149,7 +167,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         self._refreshers = None
         self.swapper = nvme_swapper(optimizer) if nvme_swapper is not None else None
         if self.swapper is not None:
-            for chunk in self.all_chunks:
+            for chunk in self.offloaded_chunks:
                 self.swapper.swap_out(chunk)
 
     def _group_comms(self, groups, param_groups):
@@ -249,6 +267,20 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
     @property
     def all_chunks(self):
         return [c for chunks in self.chunks for c in chunks]
+
+    @property
+    def offloaded_chunks(self):
+        """The sub-groups the basic optimizer steps (all of them without partial offload)."""
+        return [c for c in self.all_chunks if id(c) not in self._resident]
+
+    @property
+    def resident_chunks(self):
+        """Partial offload: the sub-groups ``device_optimizer`` steps where they were built."""
+        return [c for c in self.all_chunks if id(c) in self._resident]
+
+    def optimizer_for(self, chunk):
+        """The optimizer that steps (and holds the state of) sub-group ``chunk``."""
+        return self.device_optimizer if id(chunk) in self._resident else self.optimizer
 
     def _chunk_segments(self, group):
         """For each chunk of ``group``: [(offset in chunk, bucket, offset in piece, length)]."""
@@ -383,26 +415,40 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
             self.timers("zero_optimizer_step").stop()
 
     def _optimizer_step(self):
+        if self.device_optimizer is not None:  # partial offload: the part kept on the device
+            self._attach_grads(self.resident_chunks)
+            sync_hyperparameters(self.optimizer, self.device_optimizer)
+            self.device_optimizer.step()
+            self._write_back_chunks(self._resident)
         if self.swapper is None:
-            self._attach_grads(self.all_chunks)
+            self._attach_grads(self.offloaded_chunks)
             self.optimizer.step()
-            for group, chunks in enumerate(self.chunks):
-                for chunk, segments in zip(chunks, self._segments[group]):
-                    self._write_back(chunk, segments)
+            self._write_back_chunks({id(c) for c in self.offloaded_chunks})
             return
         self._step_sub_groups()
 
+    def _write_back_chunks(self, which):
+        """``_write_back`` every sub-group whose id() is in ``which``."""
+        for group, chunks in enumerate(self.chunks):
+            for chunk, segments in zip(chunks, self._segments[group]):
+                if id(chunk) in which:
+                    self._write_back(chunk, segments)
+
     def _step_sub_groups(self):
-        """NVMe: one sub-group resident at a time, the next one read ahead while it steps."""
-        order = [(g, i) for g, chunks in enumerate(self.chunks) for i in range(len(chunks))]
+        """NVMe: one sub-group in memory at a time; with ``pipeline_read`` the next one is read
+        while it steps, with ``pipeline_write`` its write runs while the next one steps."""
+        order = [(g, i) for g, chunks in enumerate(self.chunks) for i in range(len(chunks))
+                 if id(chunks[i]) not in self._resident]
         real_groups = self.optimizer.param_groups
         try:
             for position, (group, index) in enumerate(order):
-                if position + 1 < len(order):
-                    nxt = order[position + 1]
-                    self.swapper.prefetch(self.chunks[nxt[0]][nxt[1]])
                 chunk = self.chunks[group][index]
                 self.swapper.swap_in(chunk)
+                if self.swapper.read_ahead and position + 1 < len(order):
+                    # offload_optimizer.pipeline_read: the next sub-group is read while this
+                    # one steps
+                    nxt = order[position + 1]
+                    self.swapper.prefetch(self.chunks[nxt[0]][nxt[1]])
                 self._attach_grads([chunk])
                 # a private copy of the group, so group-level counters advance once per step
                 single = dict(real_groups[group], params=[chunk])
@@ -418,7 +464,10 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
     def _attach_grads(self, chunks):
         for chunk in chunks:
             group, start = self._chunk_starts[id(chunk)]
-            chunk.grad = self.grad_partitions[group].narrow(0, start, chunk.numel())
+            grad = self.grad_partitions[group].narrow(0, start, chunk.numel())
+            # partial offload: gradients are reduced on the offload device; a resident
+            # sub-group takes a copy of its part where it lives
+            chunk.grad = grad if grad.device == chunk.device else grad.to(chunk.device)
 
     def _write_back(self, chunk, segments):
         """Cast the stepped ``chunk`` into the buckets' pieces: one foreach copy for all pieces
@@ -517,11 +566,11 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
 
     # ------------------------------------------------------------------ NVMe helpers
     def _swap_in(self, chunk):
-        if self.swapper is not None:
+        if self.swapper is not None and id(chunk) not in self._resident:
             self.swapper.swap_in(chunk)
 
     def _swap_out(self, chunk):
-        if self.swapper is not None:
+        if self.swapper is not None and id(chunk) not in self._resident:
             self.swapper.swap_out(chunk)
 
     def forget_resident(self):

@@ -6,10 +6,9 @@ matching key no exact entry covers. An entry that matches no key fails the docs 
 does a key with no description at all: when a model gains a field, describe it here (or, better,
 give the field a `description=` and drop the entry here).
 
-Say what the key does for the user, in this implementation. A key that nothing reads yet says so.
+Say what the key does for the user, in this implementation; what it does *here* (implemented,
+warned, refused) is the key-effect column, from the models' own tables.
 """
-
-_NOT_READ = "Accepted so that upstream configs load; this implementation does not read it yet."
 
 DESCRIPTIONS = {
     # ---------------------------------------------------------------- core: batch and steps
@@ -118,7 +117,7 @@ DESCRIPTIONS = {
     "aio": "Asynchronous I/O settings of the NVMe offload swapper (libaio).",
     "*aio.single_submit": "Submit I/O requests one at a time instead of in batches.",
     "*aio.overlap_events": "Submit new requests while earlier ones complete.",
-    "*aio.use_gds": "Use NVIDIA GPUDirect Storage handles. " + _NOT_READ,
+    "*aio.use_gds": "Use NVIDIA GPUDirect Storage (cuFile) handles.",
 
     # ---------------------------------------------------------------- ZeRO
     "zero_optimization":
@@ -126,13 +125,15 @@ DESCRIPTIONS = {
         "over the data-parallel ranks, with optional CPU or NVMe offload.",
     "zero_optimization.stage":
         "0 disables ZeRO; 1 partitions optimizer state; 2 also gradients; 3 also parameters.",
-    "zero_optimization.contiguous_gradients": "Copy gradients into a contiguous buffer as they "
-                                              "are produced. " + _NOT_READ,
+    "zero_optimization.contiguous_gradients":
+        "Copy each gradient into its bucket's flat buffer as backward produces it and free it; "
+        "false keeps it in param.grad until its bucket is reduced.",
     "zero_optimization.reduce_scatter":
         "Reduce gradients with reduce-scatter (each rank receives its partition) instead of "
         "all-reduce.",
-    "zero_optimization.use_multi_rank_bucket_allreduce": "Combine reductions to several ranks "
-                                                         "into one all-reduce. " + _NOT_READ,
+    "zero_optimization.use_multi_rank_bucket_allreduce":
+        "Without reduce_scatter: reduce a bucket with one all-reduce (true) or with one reduce "
+        "to each rank's piece (false).",
     "zero_optimization.allgather_partitions":
         "Collect updated parameters with an all-gather after each step (rather than broadcasts).",
     "zero_optimization.load_from_fp32_weights":
@@ -148,10 +149,6 @@ DESCRIPTIONS = {
         "Directory on the NVMe device for swapped tensors (needed with device \"nvme\").",
     "zero_optimization.offload_*.pin_memory":
         "Use page-locked host memory for offloaded tensors (faster device copies).",
-    "zero_optimization.offload_optimizer.pipeline_read": "Overlap reading optimizer state "
-                                                         "from NVMe with the step. " + _NOT_READ,
-    "zero_optimization.offload_optimizer.pipeline_write": "Overlap writing optimizer state to "
-                                                          "NVMe with the step. " + _NOT_READ,
     "zero_optimization.stage3_prefetch_bucket_size":
         "Parameter elements gathered ahead of use (stage 3).",
     "zero_optimization.stage3_param_persistence_threshold":
@@ -168,7 +165,7 @@ DESCRIPTIONS = {
         "`save_model`).",
     "zero_optimization.ignore_unused_parameters":
         "Tolerate parameters that receive no gradient; false makes them an error.",
-    "zero_optimization.legacy_stage1": "Use the original stage 1 implementation. " + _NOT_READ,
+    "zero_optimization.legacy_stage1": "Use upstream's original stage 1 implementation.",
     "zero_optimization.zero_quantized_weights":
         "ZeRO++ qwZ: all-gather parameters as int8 with per-block scales (stage 3).",
     "zero_optimization.zero_quantized_nontrainable_weights":
@@ -180,12 +177,13 @@ DESCRIPTIONS = {
         "disables.",
     "zero_optimization.mics_hierarchical_params_gather":
         "MiCS: gather parameters in two hops (across nodes, then within a node).",
-    "zero_optimization.memory_efficient_linear": "Use a memory-efficient linear autograd "
-                                                 "function under ZeRO-3. " + _NOT_READ,
-    "zero_optimization.pipeline_loading_checkpoint": "Load a pipeline checkpoint into ZeRO-3 "
-                                                     "partitions. " + _NOT_READ,
-    "zero_optimization.override_module_apply": "Gather parameters around `module.apply` under "
-                                               "ZeRO-3. " + _NOT_READ,
+    "zero_optimization.memory_efficient_linear":
+        "ZeRO-3: autograd keeps no gathered weight whole between a module's forward and its "
+        "backward (saved views are rebuilt from the parameter); false keeps them.",
+    "zero_optimization.pipeline_loading_checkpoint": "Load checkpoints in pipeline mode (ZeRO-3).",
+    "zero_optimization.override_module_apply":
+        "ZeRO-3: Module.apply called while zero.Init builds a model gathers the parameters "
+        "first, so custom initialisation reaches them.",
 
     # ---------------------------------------------------------------- autotuning
     "autotuning.enabled": "Turn on autotuning for `deepspeed --autotuning tune|run`.",
@@ -470,4 +468,82 @@ DESCRIPTIONS = {
         "error).",
     "tensor_parallel.tensor_parallel.mpu": "Inference setting; must be null in training.",
     "tensor_parallel.tensor_parallel.tp_group": "Inference setting; must be null in training.",
+
+    # ---------------------------------------------------------------- init_inference (its config)
+    "init_inference.replace_with_kernel_inject":
+        "SDPA attention and, on a GPU, the fused bias-GeLU of the MLP; on CPU AutoTP + SDPA.",
+    "init_inference.dtype":
+        "Convert the model to this dtype (torch.half/float/bfloat16, or int8 quantization). On "
+        "the CPU accelerator the default fp16 keeps the model's own dtype.",
+    "init_inference.tensor_parallel": "Tensor parallelism (AutoTP) of the inference engine.",
+    "init_inference.tensor_parallel.enabled": "Whether to split the model at all.",
+    "init_inference.tensor_parallel.tp_size": "Ranks one model is split over.",
+    "init_inference.tensor_parallel.mpu":
+        "A model-parallel unit whose model-parallel group and rank the split uses.",
+    "init_inference.tensor_parallel.tp_group":
+        "The process group to split over (its size must equal tp_size).",
+    "init_inference.enable_cuda_graph":
+        "Replay captured CUDA graphs for forward and greedy generate (GPU only).",
+    "init_inference.use_triton":
+        "Run the injected bias-GeLU as a Triton kernel (with replace_with_kernel_inject, GPU).",
+    "init_inference.triton_autotune": "Autotune the Triton kernels' launch settings.",
+    "init_inference.zero":
+        "ZeRO-Inference: a zero_optimization section with stage 3; parameters are partitioned "
+        "over the ranks and gathered module by module as the model runs.",
+    "init_inference.triangular_masking": "The attention mask type of upstream's fused kernels.",
+    "init_inference.moe": "Expert placement for models built from deepspeed.moe.layer.MoE.",
+    "init_inference.moe.enabled": "Whether moe.ep_size asks for expert parallelism.",
+    "init_inference.moe.ep_size": "Ranks the experts are spread over (the layers' ep_size).",
+    "init_inference.moe.moe_experts": "Expected number of experts per MoE layer.",
+    "init_inference.moe.type": "\"standard\" or \"residual\" (layers with use_residual).",
+    "init_inference.moe.ep_group": "Expert-parallel process group of upstream's kernels.",
+    "init_inference.moe.ep_mp_group": "Expert model-parallel group of upstream's kernels.",
+    "init_inference.quant": "What dtype=torch.int8 quantizes (weights, layer inputs, q/k/v).",
+    "init_inference.quant.enabled": "false keeps the model in floating point under int8.",
+    "init_inference.quant.activation": "On-the-fly quantization of each quantized layer's input.",
+    "init_inference.quant.activation.enabled": "Quantize the layers' inputs (the default).",
+    "init_inference.quant.activation.num_bits": "Bits of the quantized inputs (2 to 8).",
+    "init_inference.quant.activation.q_type": "\"symmetric\" or \"asymmetric\" grid.",
+    "init_inference.quant.activation.q_groups":
+        "Groups each token's features are cut into, one scale per group.",
+    "init_inference.quant.weight": "int8 weights with per-group scales.",
+    "init_inference.quant.weight.enabled": "Quantize the weights (the default).",
+    "init_inference.quant.weight.num_bits": "Bits of the weight codes (8).",
+    "init_inference.quant.weight.q_type": "\"symmetric\" or \"asymmetric\" (zero points).",
+    "init_inference.quant.weight.q_groups": "Groups per output row, one scale per group.",
+    "init_inference.quant.weight.quantized_initialization": "Upstream's per-layer quant table.",
+    "init_inference.quant.weight.post_init_quant": "Upstream's per-layer quant table.",
+    "init_inference.quant.qkv": "Quantization of the attention's q/k/v projections.",
+    "init_inference.quant.qkv.enabled": "false keeps q/k/v projections in floating point.",
+    "init_inference.checkpoint":
+        "Weights to load into the (split) model: a ds_model JSON, an HF index, a directory or "
+        "a file.",
+    "init_inference.base_dir": "Directory the checkpoint's relative file names start from.",
+    "init_inference.set_empty_params":
+        "Empty every parameter before the checkpoint fills it (nothing of the built model kept).",
+    "init_inference.save_mp_checkpoint_path": "Save the split model as a checkpoint.",
+    "init_inference.checkpoint_config": "The checkpoint keys grouped (checkpoint_dir, ...).",
+    "init_inference.checkpoint_config.checkpoint_dir": "Same as checkpoint.",
+    "init_inference.checkpoint_config.save_mp_checkpoint_path": "Same as save_mp_checkpoint_path.",
+    "init_inference.checkpoint_config.base_dir": "Same as base_dir.",
+    "init_inference.return_tuple": "Whether upstream's injected layers return a tuple.",
+    "init_inference.training_mp_size": "Model-parallel size the checkpoint was trained with.",
+    "init_inference.replace_method": "Deprecated upstream; \"auto\".",
+    "init_inference.injection_policy":
+        "{block class: names of its row-parallel Linears} when AutoTP cannot find them.",
+    "init_inference.injection_policy_tuple":
+        "Row-parallel Linear names for replace_transformer_layer's orig_layer_impl.",
+    "init_inference.config": "The model's configuration (upstream's kernels read it).",
+    "init_inference.max_out_tokens": "Longest input (prompt) generate accepts, in tokens.",
+    "init_inference.min_out_tokens":
+        "generate refuses an input that leaves fewer new tokens than this within "
+        "max_out_tokens.",
+    "init_inference.transposed_mode": "Whether upstream's kernels take transposed weights.",
+    "init_inference.mp_size": "Deprecated: tensor_parallel.tp_size.",
+    "init_inference.mpu": "Deprecated: tensor_parallel.mpu.",
+    "init_inference.ep_size": "Deprecated: moe.ep_size.",
+    "init_inference.ep_group": "Deprecated: moe.ep_group.",
+    "init_inference.ep_mp_group": "Deprecated: moe.ep_mp_group.",
+    "init_inference.moe_experts": "Deprecated: moe.moe_experts.",
+    "init_inference.moe_type": "Deprecated: moe.type.",
 }

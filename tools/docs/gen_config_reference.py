@@ -58,6 +58,20 @@ See [Getting started](../getting-started.md) for how a config reaches `deepspeed
 """
 
 
+IMPLEMENTED, WARNED, REFUSED, SECTION = "implemented", "warned", "refused", "section"
+# the tables of a section model that say what its keys do (see deepspeed.config.model)
+EFFECT_TABLES = {"tested_by": IMPLEMENTED, "without_effect": WARNED, "refused": REFUSED}
+
+
+@dataclass
+class Effect:
+    """What a key does here: ``implemented`` (detail: the test that fails without it),
+    ``warned`` / ``refused`` (detail: why, and what to use instead), or ``section`` (a nested
+    section, whose keys have their own rows)."""
+    kind: str
+    detail: str = ""
+
+
 @dataclass
 class Row:
     path: str  # relative to the section, "" for the section's own value
@@ -65,7 +79,11 @@ class Row:
     default: str
     description: str
     aliases: Tuple[str, ...] = ()
-    no_effect: Optional[str] = None
+    effect: Optional[Effect] = None
+
+    @property
+    def no_effect(self) -> Optional[str]:
+        return self.effect.detail if self.effect and self.effect.kind == WARNED else None
 
 
 # ------------------------------------------------------------------------------ models
@@ -107,16 +125,45 @@ def attribute_docstrings(model) -> Dict[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
+def _catalog():
+    from deepspeed.plugin_manager import PluginCatalog
+
+    return PluginCatalog()
+
+
+@functools.lru_cache(maxsize=None)
 def sections() -> List[Tuple[str, Any, str]]:
     """(top-level key, model class or annotation, owner) for the core's keys and every plugin's."""
     from deepspeed.config.core_sections import CoreConfig
-    from deepspeed.plugin_manager import PluginCatalog
 
-    catalog = PluginCatalog()
+    catalog = _catalog()
     found = [("", CoreConfig, CORE)]
     for key in sorted(catalog.sections):
         found.append((key, catalog.sections[key], catalog.owners[key]))
     return found
+
+
+# The config of ``deepspeed.init_inference`` is no section of the training config, but its keys
+# are documented config keys all the same: its table follows the sections, under this name.
+INFERENCE_KEY, INFERENCE_OWNER = "init_inference", "inference"
+
+
+def inference_model():
+    from deepspeed.inference.config import DeepSpeedInferenceConfig
+
+    return DeepSpeedInferenceConfig
+
+
+def all_sections() -> List[Tuple[str, Any, str]]:
+    """``sections()`` and the ``init_inference`` config."""
+    return sections() + [(INFERENCE_KEY, inference_model(), INFERENCE_OWNER)]
+
+
+def plain_section_effect(key: str, owner: str) -> Optional[Effect]:
+    """The effect of a plugin section that is a plain value: its plugin's ``tested_by``."""
+    plugin = _catalog().plugins.get(owner)
+    test = (getattr(plugin, "tested_by", None) or {}).get(key)
+    return Effect(IMPLEMENTED, test) if test else None
 
 
 def _is_model(obj) -> bool:
@@ -174,7 +221,7 @@ def type_text(annotation) -> str:
     if _is_model(annotation):
         return "section"
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return " | ".join(json.dumps(_plain(member.value)) for member in annotation)
+        return " | ".join(_enum_text(member) for member in annotation)
     if origin in (list, tuple, typing.List, typing.Tuple, typing.Sequence, set, frozenset):
         inner = [type_text(a) for a in typing.get_args(annotation) if a is not Ellipsis]
         return f"list[{', '.join(dict.fromkeys(inner))}]" if inner else "list"
@@ -190,8 +237,21 @@ def type_text(annotation) -> str:
     return getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
 
 
+def _enum_text(member) -> str:
+    """A member's JSON value, or its name where the value is no JSON (a dtype and its
+    spellings)."""
+    try:
+        return json.dumps(_plain(member.value))
+    except TypeError:
+        return json.dumps(member.name)
+
+
 def _plain(value):
     if isinstance(value, enum.Enum):
+        try:
+            json.dumps(_plain(value.value))
+        except TypeError:
+            return value.name
         return _plain(value.value)
     if _is_model(type(value)):
         return None
@@ -226,15 +286,32 @@ def first_sentence(doc: Optional[str]) -> str:
     return paragraph[:1].upper() + paragraph[1:]
 
 
-def model_rows(model, full_prefix: str, rel_prefix: str = "") -> Iterator[Row]:
-    """Rows for every field of `model`, sections first described, then their keys."""
-    without = dict(getattr(model, "without_effect", {}) or {})
+def effect_tables(model) -> Dict[str, Effect]:
+    """{key path: Effect} from `model`'s own ``tested_by`` / ``without_effect`` / ``refused``."""
+    found: Dict[str, Effect] = {}
+    for table, kind in EFFECT_TABLES.items():
+        for path, detail in (getattr(model, table, None) or {}).items():
+            if path in found:
+                raise ValueError(f"{model.__name__}: '{path}' is in more than one of "
+                                 f"{', '.join(EFFECT_TABLES)}")
+            found[path] = Effect(kind, detail)
+    return found
+
+
+def model_rows(model, full_prefix: str, rel_prefix: str = "",
+               reach: Optional[Dict[str, Effect]] = None, by_name: bool = False) -> Iterator[Row]:
+    """Rows for every field of `model`, sections first described, then their keys. `reach`:
+    effects a parent section declares for keys of this one (they win over the model's own:
+    a section reused in two places may do different things in each). A row is keyed by the
+    field's alias (the JSON config's historical spellings, `stage3_prefetch_bucket_size`), or
+    with `by_name` by the field's name (`init_inference`, whose docs name the fields)."""
+    effects = {**effect_tables(model), **(reach or {})}
     docstrings = attribute_docstrings(model)
     aliases: Dict[str, List[str]] = {}
     for old, (new_name, _marker) in model.deprecated_aliases().items():
         aliases.setdefault(new_name, []).append(old)
     for name, info in model.model_fields.items():
-        key = info.alias or name
+        key = name if by_name else (info.alias or name)
         rel = f"{rel_prefix}{key}"
         full = f"{full_prefix}{key}"
         spellings = [a for a in (name, info.alias) if a and a != key] + aliases.get(name, [])
@@ -244,33 +321,38 @@ def model_rows(model, full_prefix: str, rel_prefix: str = "") -> Iterator[Row]:
                        or describe(full))
         if not description and subs:
             description = first_sentence(subs[0].__doc__)
+        effect = effects.get(name) or (effects.get(info.alias) if info.alias else None)
+        if effect is None and (subs or items):
+            effect = Effect(SECTION)
         yield Row(rel, type_text(info.annotation), default_text(info), description,
-                  tuple(spellings), without.get(name))
+                  tuple(spellings), effect)
+        inner = {path[len(name) + 1:]: e for path, e in effects.items()
+                 if path.startswith(name + ".")}
         for sub in subs:
-            yield from _nested(sub, full + ".", rel + ".", without, name)
+            yield from model_rows(sub, full + ".", rel + ".", inner, by_name)
         for item in items:
-            yield from _nested(item, full + ".<name>.", rel + ".<name>.", without, name)
+            yield from model_rows(item, full + ".<name>.", rel + ".<name>.", inner, by_name)
 
 
-def _nested(sub, full_prefix, rel_prefix, parent_without, field_name):
-    """A nested section's rows, with the parent's `without_effect` entries that reach into it."""
-    reach = {path[len(field_name) + 1:]: why for path, why in parent_without.items()
-             if path.startswith(field_name + ".")}
-    for row in model_rows(sub, full_prefix, rel_prefix):
-        leaf = row.path[len(rel_prefix):]
-        if row.no_effect is None and leaf in reach:
-            row.no_effect = reach[leaf]
-        yield row
-
-
-def section_rows(key: str, model) -> Iterator[Row]:
+def section_rows(key: str, model, owner: str = CORE) -> Iterator[Row]:
     if _is_model(model):
-        yield from model_rows(model, f"{key}." if key else "", "")
+        yield from model_rows(model, f"{key}." if key else "", "", by_name=key == INFERENCE_KEY)
     else:  # a plain value (e.g. `sequence_parallel_size`)
         from pydantic import TypeAdapter
 
-        yield Row("", type_text(model), "required", describe(key))
+        yield Row("", type_text(model), "required", describe(key),
+                  effect=plain_section_effect(key, owner))
         TypeAdapter(model)  # the annotation must be a valid schema
+
+
+def key_effects() -> List[Tuple[str, Row]]:
+    """(full key path, row) of every key of every section and of ``init_inference``: the
+    key-effect table (tests/docs/test_key_effects.py checks that each has an effect)."""
+    found = []
+    for key, model, owner in all_sections():
+        for row in section_rows(key, model, owner):
+            found.append((".".join(p for p in (key, row.path) if p), row))
+    return found
 
 
 # ------------------------------------------------------------------------------ output
@@ -291,7 +373,10 @@ def render() -> str:
             for name in subsections:
                 info = model.model_fields[name]
                 key_name = info.alias or name
-                sub_rows = list(model_rows(nested_models(info.annotation)[0], key_name + ".", ""))
+                reach = {path[len(name) + 1:]: e for path, e in effect_tables(model).items()
+                         if path.startswith(name + ".")}
+                sub_rows = list(model_rows(nested_models(info.annotation)[0], key_name + ".", "",
+                                           reach))
                 head = next(r for r in rows if r.path == key_name)
                 out.append(_table(f"`{key_name}`", CORE, head, sub_rows, key_name))
             continue
@@ -300,12 +385,39 @@ def render() -> str:
                        or first_sentence(model.__doc__))
             out.append(_table(f"`{key}`", owner, head, rows, key))
         else:
+            rows = list(section_rows(key, model, owner))
             out.append(_table(f"`{key}`", owner, rows[0], [], key))
+    out.append(INFERENCE_HEADER)
+    out.append(_table(f"`{INFERENCE_KEY}`", INFERENCE_OWNER, None,
+                      list(section_rows(INFERENCE_KEY, inference_model())), INFERENCE_KEY,
+                      level="###"))
     return "\n".join(out).rstrip() + "\n"
 
 
-def _table(title: str, owner: str, head: Optional[Row], rows: List[Row], key: str) -> str:
-    lines = [f"## {title}", ""]
+INFERENCE_HEADER = """\
+## Inference keys
+
+The config of `deepspeed.init_inference(model, config=None, **kwargs)`: a dict, a JSON file or
+keyword arguments, not a section of the training config. Its keys are listed under the prefix
+`init_inference.` below.
+"""
+
+
+def effect_text(effect: Optional[Effect]) -> str:
+    if effect is None:
+        return ""
+    if effect.kind == IMPLEMENTED:
+        return f"implemented: `{effect.detail}`"
+    if effect.kind == WARNED:
+        return f"**No effect here** (warns once): {effect.detail.rstrip('.')}."
+    if effect.kind == REFUSED:
+        return f"**Refused**: {effect.detail.rstrip('.')}."
+    return "section: see its keys"
+
+
+def _table(title: str, owner: str, head: Optional[Row], rows: List[Row], key: str,
+           level: str = "##") -> str:
+    lines = [f"{level} {title}", ""]
     who = "the core engine" if owner == CORE else f"the `{owner}` plugin"
     lines.append(f"Owned by {who}.")
     if head is not None:
@@ -316,20 +428,21 @@ def _table(title: str, owner: str, head: Optional[Row], rows: List[Row], key: st
             lines.append(head.description)
         if head.aliases:
             lines.append("Deprecated spelling: " + ", ".join(f"`{a}`" for a in head.aliases) + ".")
+        if head.effect is not None and head.effect.kind != SECTION:
+            lines.append(f"Effect: {effect_text(head.effect)}")
     lines.append("")
     if rows:
-        lines.append("| key | type | default | description |")
-        lines.append("|---|---|---|---|")
+        lines.append("| key | type | default | description | effect |")
+        lines.append("|---|---|---|---|---|")
         for row in rows:
             parts = [row.description]
-            if row.no_effect:
-                parts.append(f"**No effect here**: {row.no_effect}.")
             if row.aliases:
-                parts.append("Deprecated spelling: " + ", ".join(f"`{a}`" for a in row.aliases)
-                             + ".")
+                label = "Also spelled" if key == INFERENCE_KEY else "Deprecated spelling"
+                parts.append(f"{label}: " + ", ".join(f"`{a}`" for a in row.aliases) + ".")
             full = f"{key}.{row.path}" if key else row.path
             lines.append(f"| `{_cell(full)}` | {_cell(row.type)} | `{_cell(row.default)}` | "
-                         f"{_cell(' '.join(p.rstrip() for p in parts if p))} |")
+                         f"{_cell(' '.join(p.rstrip() for p in parts if p))} | "
+                         f"{_cell(effect_text(row.effect))} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -337,8 +450,8 @@ def _table(title: str, owner: str, head: Optional[Row], rows: List[Row], key: st
 def undescribed() -> List[str]:
     """Full key paths that have neither a model description nor an entry in DESCRIPTIONS."""
     missing = []
-    for key, model, _owner in sections():
-        for row in section_rows(key, model):
+    for key, model, owner in all_sections():
+        for row in section_rows(key, model, owner):
             full = ".".join(p for p in (key, row.path) if p)
             if not row.description and not (row.no_effect and row.type != "section"):
                 missing.append(full)
@@ -348,9 +461,9 @@ def undescribed() -> List[str]:
 def stale_descriptions() -> List[str]:
     """Entries of DESCRIPTIONS that name no key (renamed or removed keys)."""
     known = set()
-    for key, model, _owner in sections():
+    for key, model, owner in all_sections():
         known.add(key)
-        for row in section_rows(key, model):
+        for row in section_rows(key, model, owner):
             known.add(".".join(p for p in (key, row.path) if p))
     return sorted(key for key in DESCRIPTIONS
                   if key not in known and not any(fnmatch.fnmatchcase(k, key) for k in known))

@@ -12,6 +12,12 @@ files hold the tensor bytes exactly, with no padding to strip on read.
 Ordering: the native engine runs queued requests concurrently, so a read of a file must never be
 queued while a write of that same file is still in flight; swap_in/prefetch drain outstanding writes
 of a param before reading it back.
+
+Pipelining (``offload_optimizer.pipeline_read`` / ``pipeline_write``): with ``read_ahead`` the
+optimizer prefetches the next sub-group right after swapping this one in, so its read runs
+while this one steps; with ``write_behind`` writes go through a handle of their own and
+``swap_in`` waits only for reads, so a sub-group's write runs while the next one steps. Without
+them a swap-in reads synchronously and a swap-out returns only when the bytes are written.
 """
 from __future__ import annotations
 
@@ -72,9 +78,12 @@ class OptimizerStateSwapper:
     """Moves a param's data and its optimizer state tensors to per-tensor files and back, bit-exactly."""
 
     def __init__(self, optimizer, nvme_path, rank, aio_kwargs=None, pin_memory=False,
-                 buffer_count=4, folder="zero_stage_optimizer", handle=None):
+                 buffer_count=4, folder="zero_stage_optimizer", handle=None, read_ahead=False,
+                 write_behind=False, write_handle=None):
         """`handle`: an already built aio handle (e.g. `deepspeed.ops.aio.fallback.aio_handle()`),
-        instead of one built from `aio_kwargs`; lets callers share a handle or force an engine."""
+        instead of one built from `aio_kwargs`; lets callers share a handle or force an engine.
+        `read_ahead` / `write_behind`: see the module docstring (`write_handle`: the handle for
+        writes behind, built like `handle` when not given)."""
         if not hasattr(optimizer, "state"):
             raise TypeError(f"OptimizerStateSwapper needs an optimizer with a .state mapping, "
                             f"got {type(optimizer).__name__}")
@@ -100,8 +109,16 @@ class OptimizerStateSwapper:
 
             handle = aio.aio_handle(**(aio_kwargs or {}))
         self.handle = handle
+        self.read_ahead = bool(read_ahead)
+        self.write_behind = bool(write_behind)
+        if write_behind and write_handle is None:
+            from deepspeed.ops import aio
+
+            write_handle = aio.aio_handle(**(aio_kwargs or {}))
+        self.write_handle = write_handle if write_behind else handle
         self._records = {}  # id(param) -> _Record
-        self._inflight = []  # tensors referenced by queued I/O; kept alive until wait()
+        self._inflight = []  # tensors referenced by queued reads (and writes on the same handle)
+        self._writes = []  # tensors referenced by writes queued on write_handle (write_behind)
         self._closed = False
 
     # ---- public API -------------------------------------------------------------------------------
@@ -128,6 +145,8 @@ class OptimizerStateSwapper:
                 state[key] = empty
         rec.swapped = True
         rec.writes_pending = True
+        if not self.write_behind:
+            self.wait()  # the bytes are on disk before the caller goes on
 
     def prefetch(self, param):
         self._check_open()
@@ -152,7 +171,7 @@ class OptimizerStateSwapper:
             return
         self.prefetch(param)
         if self._inflight:
-            self.wait()
+            self._wait_reads()  # writes behind (other params' files) keep running
         state = None
         for key, buf in rec.reads.items():
             meta = rec.tensors[key]
@@ -176,15 +195,39 @@ class OptimizerStateSwapper:
     def swapped_bytes(self) -> int:
         return sum(m.nbytes for rec in self._records.values() if rec.swapped for m in rec.tensors.values())
 
+    def reads_in_flight(self) -> int:
+        """Tensors whose read (a prefetch) is queued or running."""
+        return len(self._inflight) if self.write_behind else sum(
+            1 for rec in self._records.values() if rec.reads is not None and rec.swapped)
+
+    def writes_in_flight(self) -> int:
+        """Tensors whose write may still be running (without write_behind a swap-out returns
+        only when its writes are done, so none)."""
+        return len(self._writes)
+
     def wait(self):
         """Joins all queued I/O; the tensors it referenced are released afterwards, error or not."""
+        try:
+            self._wait_reads()
+        finally:
+            try:
+                if self._writes:
+                    self.write_handle.wait()
+            finally:
+                self._writes = []
+                for rec in self._records.values():
+                    rec.writes_pending = False
+
+    def _wait_reads(self):
+        """Joins the I/O queued on the read handle (every write too, unless writes go behind)."""
         try:
             if self._inflight:
                 self.handle.wait()
         finally:
             self._inflight = []
-            for rec in self._records.values():
-                rec.writes_pending = False
+            if not self.write_behind:
+                for rec in self._records.values():
+                    rec.writes_pending = False
 
     def close(self):
         """Leaves other swappers' files (same rank, same path) alone: only empty folders are removed."""
@@ -227,9 +270,13 @@ class OptimizerStateSwapper:
             name = f"s{len(rec.paths)}_{safe}"
         return os.path.join(self.swap_dir, f"{self._uid}_p{rec.index}_{name}.swp")
 
-    def _throttle(self):
+    def _throttle(self, writing=False):
         """Bounds how many tensors (and staging copies) queued I/O keeps alive at once."""
-        if len(self._inflight) >= self.buffer_count:
+        if writing and self.write_behind:
+            if len(self._writes) >= self.buffer_count:
+                self.write_handle.wait()
+                self._writes = []
+        elif len(self._inflight) >= self.buffer_count:
             self.wait()
 
     def _host_buffer(self, meta):
@@ -251,6 +298,6 @@ class OptimizerStateSwapper:
             src = host
         elif not src.is_contiguous():
             src = src.contiguous()
-        self._throttle()
-        self.handle.async_pwrite(src.reshape(-1), path)
-        self._inflight.append(src)
+        self._throttle(writing=True)
+        self.write_handle.async_pwrite(src.reshape(-1), path)
+        (self._writes if self.write_behind else self._inflight).append(src)

@@ -26,7 +26,10 @@ class NVMeShardStore:
         self.in_cpu = 0
         self.swapper = OptimizerStateSwapper(_NoOptimizer(), path, rank, aio_kwargs=aio_kwargs,
                                              pin_memory=pin_memory, buffer_count=buffer_count,
-                                             folder="zero_stage_3_params")
+                                             folder="zero_stage_3_params",
+                                             # a released shard's write must not hold up the
+                                             # forward that released it
+                                             write_behind=True)
         self._holders = {}  # ds_id -> Parameter whose .data is the shard (or empty when on disk)
         self.reads = 0
 

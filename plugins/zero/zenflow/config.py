@@ -31,8 +31,23 @@ def _interval(value, key):
     return value
 
 
+T = "tests/plugins/zero/test_zenflow.py::"
+
+
 class ZenFlowConfig(DeepSpeedConfigModel):
     """Selective (top-k column) device updates over ZeRO-Offload."""
+
+    # what each key does here (see deepspeed.config.model)
+    tested_by = {
+        "topk_ratio": T + "test_unimportant_columns_move_every_update_interval",
+        "select_strategy": T + "test_unimportant_columns_move_every_update_interval",
+        "select_interval": T + "test_unimportant_columns_move_every_update_interval",
+        "update_interval": T + "test_unimportant_columns_move_every_update_interval",
+        "full_warm_up_rounds": T + "test_unimportant_columns_move_every_update_interval",
+        "overlap_step": T + "test_overlap_step_lands_one_step_later_and_is_deterministic",
+        # resolves select_interval in epochs; its effect is that interval
+        "steps_per_epoch": T + "test_defaults_and_auto_values",
+    }
 
     topk_ratio: float = Field(0.1, ge=0.0, le=1.0, description="fraction of each weight's "
                               "gradient columns updated every step on the device")

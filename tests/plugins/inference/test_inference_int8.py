@@ -40,8 +40,10 @@ def test_linear_output_within_documented_bound():
     lin = torch.nn.Linear(64, 24)
     x = torch.randn(5, 64)
     want = lin(x)
+    # the bound is the weights' rounding: inputs exact (activation quantization off)
     engine = deepspeed.init_inference(lin, dtype=torch.int8,
-                                      quant={"weight": {"q_groups": 2}})
+                                      quant={"weight": {"q_groups": 2},
+                                             "activation": {"enabled": False}})
     got = engine(x)
     scale = int8_parts(lin)[1]
     assert ((got - want).abs() <= output_error_bound(x, scale) + 1e-5).all()

@@ -114,6 +114,9 @@ def _moe_errors(case):
                                      moe={"ep_size": 2, "moe_experts": [8]})
         elif case == "no_moe_layer":
             deepspeed.init_inference(torch.nn.Linear(4, 4), dtype=torch.float, ep_size=2)
+        elif case == "type_mismatch":
+            deepspeed.init_inference(MoENet(ep_size=1), dtype=torch.float,
+                                     moe={"type": "residual"})
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -123,6 +126,7 @@ def _moe_errors(case):
     ("ep_mismatch", ["moe.ep_size=2", "built with ep_size=1"]),
     ("experts_mismatch", ["moe_experts[0]=8", "4 experts"]),
     ("no_moe_layer", ["moe.ep_size=2", "no deepspeed.moe.layer.MoE"]),
+    ("type_mismatch", ["moe.type=residual", "use_residual"]),
 ])
 def test_moe_settings_errors(dist_pool, case, words):
     for message in dist_pool.run(_moe_errors, world_size=2, args=(case,)):

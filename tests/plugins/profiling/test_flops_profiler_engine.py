@@ -121,3 +121,22 @@ def test_two_ranks_rank0_writes_output_file(dist_pool, tmp_path):
     assert "world size: 2" in text and "data parallel size: 2" in text
     assert f"fwd flops per GPU: {number_to_string(expected_flops())}\n" in text
     assert "Detailed Profile" not in text
+
+
+def test_recompute_fwd_factor_top_modules_depth_and_detail_shape_the_report(dist_pool):
+    section = {"enabled": True, "profile_step": 1, "recompute_fwd_factor": 1.0,
+               "top_modules": 2}
+    text = dist_pool.run(_restored_after_training, world_size=1, args=(section, 1))[0][0]
+    plain = dist_pool.run(_restored_after_training, world_size=1,
+                          args=({"enabled": True, "profile_step": 1}, 1))[0][0]
+    # backward counted as (2 + recompute_fwd_factor) forwards
+    assert "bwd flops per GPU = 3 * fwd flops per GPU" in text
+    assert "bwd flops per GPU = 2 * fwd flops per GPU" in plain
+    # top_modules: two module types per depth instead of one ("Linear" and "ReLU" at depth 1)
+    assert "params      - {'Linear': '212', 'ReLU': '0'}" in text
+    assert "params      - {'Linear': '212'}" in plain
+    assert "Detailed Profile per GPU" in plain and "depth 1:" in plain
+    brief = dist_pool.run(_restored_after_training, world_size=1, args=(
+        {"enabled": True, "profile_step": 1, "detailed": False, "module_depth": 0}, 1))[0][0]
+    assert "Detailed Profile per GPU" not in brief and "depth 1:" not in brief
+    assert "depth 0:" in brief

@@ -35,6 +35,11 @@ def test_the_documented_example_builds_the_fixed_pattern():
     ({"mode": "variable", "local_window_blocks": [2, 4], "attention": "unidirectional"},
      VariableSparsityConfig, {"local_window_blocks": [2, 4], "attention": "unidirectional"}),
     ({}, FixedSparsityConfig, {"num_local_blocks": 4, "block": 16}),
+    ({"mode": "fixed", "num_local_blocks": 8, "num_global_blocks": 2,
+      "different_layout_per_head": True, "num_different_global_patterns": 2,
+      "horizontal_global_attention": True}, FixedSparsityConfig,
+     {"num_local_blocks": 8, "num_global_blocks": 2, "different_layout_per_head": True,
+      "num_different_global_patterns": 2, "horizontal_global_attention": True}),
 ])
 def test_each_mode(section, cls, attrs):
     cfg = get_sparse_attention_config(section, num_heads=2)

@@ -57,12 +57,16 @@ def test_released_weights_are_freed_before_backward_and_shards_view_masters(dist
     expected = _reference(2)
     coalesced = dist_pool.run(_train_and_watch, args=({},))
     per_parameter = dist_pool.run(_train_and_watch, args=({"reduce_bucket_size": 1},))
-    for (params, held, alive, in_masters, n_shards), (single, *_) in zip(coalesced,
-                                                                          per_parameter):
+    # memory_efficient_linear off: autograd's saved views keep every gathered weight whole
+    plain_linear = dist_pool.run(_train_and_watch, args=({"memory_efficient_linear": False},))
+    for (params, held, alive, in_masters, n_shards), (single, *_), (plain, _, kept, *_) in zip(
+            coalesced, per_parameter, plain_linear):
         assert held == 4  # the four Linear modules gathered their weights in the forward
         if saved_views_available:  # none is kept whole (by autograd's saved views) until backward
             assert alive == 0
+            assert kept == 3  # all but the first Linear, whose input needs no gradient
         assert in_masters == n_shards == 10  # fp32: no shard is a copy of its master
         for name, want in expected.items():
             assert torch.equal(params[name], single[name]), name
+            assert torch.equal(plain[name], single[name]), name
             torch.testing.assert_close(params[name], want, rtol=0, atol=1e-6, msg=name)

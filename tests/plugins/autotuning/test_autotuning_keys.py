@@ -1,0 +1,97 @@
+"""Autotuning keys where the launch tests do not show them, without launching anything: the
+micro-batch bounds of the search, the tuner's trial budget and early stop, where the results
+and experiment files go, a given model-info file (no profiling run), and the probe plugin
+switched on by ``metric_path``. Experiments are answered by a stand-in for ``jobs.run_job``."""
+import json
+
+import pytest
+
+from deepspeed.autotuning import AutotuningConfig
+from deepspeed.autotuning import space as sp
+
+
+@pytest.mark.parametrize("section, expected", [
+    ({}, [1, 32, 1024]),
+    ({"min_train_micro_batch_size_per_gpu": 4, "max_train_micro_batch_size_per_gpu": 64},
+     [4, 16, 64]),
+    ({"num_tuning_micro_batch_sizes": 2, "max_train_micro_batch_size_per_gpu": 16}, [1, 16]),
+    ({"min_train_batch_size": 8, "max_train_batch_size": 64}, [4, 11, 32]),  # 2 ranks
+])
+def test_micro_batch_bounds_shape_the_search(section, expected):
+    config = AutotuningConfig(enabled=True, **section)
+    space = sp.build_space({}, config)
+    micro, _ = sp.micro_batches_for_stage(space, 0, config, None, 2, {})
+    assert micro == expected
+
+
+def _autotuner(tmp_path, section, scores):
+    from deepspeed.autotuning import autotuner as at
+    from deepspeed.autotuning.jobs import JobResult
+    from deepspeed.launcher.runner import parse_args
+
+    (tmp_path / "train.py").write_text("")
+    config = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 0},
+              "autotuning": dict({"enabled": True}, **section)}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    argv = ["--autotuning", "tune", "--num_gpus", "1", str(tmp_path / "train.py"),
+            "--deepspeed", str(tmp_path / "ds.json")]
+    tuner = at.Autotuner(parse_args(argv), argv)
+    ran = []
+
+    def run_job(command, name, config, exp_dir, result_file, arg_values, overwrite):
+        ran.append(name)
+        score = scores(config["train_micro_batch_size_per_gpu"])
+        return JobResult(name, {"throughput": score, "latency": 1 / score, "FLOPS": score}, 0,
+                         str(tmp_path / "log"))
+
+    at.jobs.run_job, original = run_job, at.jobs.run_job
+    return tuner, ran, original
+
+
+def test_trial_budget_early_stop_directories_and_model_info(tmp_path, monkeypatch):
+    from deepspeed.autotuning import autotuner as at
+
+    monkeypatch.chdir(tmp_path)
+    info = tmp_path / "info.json"
+    info.write_text(json.dumps({"num_params": 10, "activation_mem_per_sample": 0}))
+    section = {"results_dir": "res", "exps_dir": "exps", "tuner_type": "gridsearch",
+               "tuner_num_trials": 2, "tuner_early_stopping": 50,
+               "model_info_path": str(info)}
+    tuner, ran, original = _autotuner(tmp_path, section, lambda micro: micro)
+    try:
+        tuner.run_search()
+        assert len(ran) == 2  # tuner_num_trials; model_info_path: no profiling run
+        assert "profile_model_info" not in ran
+        assert (tmp_path / "res").is_dir()  # results_dir
+        assert sorted(p.name for p in (tmp_path / "exps").iterdir()) == sorted(
+            f"{name}.json" for name in ran)  # exps_dir: one experiment description each
+        # falling scores: tuner_early_stopping 1 stops after the best plus one worse
+        # (and model_info.num_params given instead of a file: no profiling run either)
+        section = dict(section, tuner_num_trials=50, tuner_early_stopping=1,
+                       model_info={"num_params": 10})
+        del section["model_info_path"]
+        tuner, ran, _ = _autotuner(tmp_path, section, lambda micro: 1.0 / micro)
+        tuner.run_search()
+        assert len(ran) == 2 and "profile_model_info" not in ran
+        with pytest.raises(ValueError, match="autotuning.mp_size"):  # 1 rank, mp_size 2
+            _autotuner(tmp_path, dict(section, mp_size=2), lambda micro: 1.0)
+    finally:
+        at.jobs.run_job = original
+
+
+def test_metric_path_and_model_info_profile_switch_the_probe_plugin_on():
+    from deepspeed.config import DeepSpeedConfig
+    from deepspeed.plugin_manager import PluginCatalog
+
+    catalog = PluginCatalog()
+    base = {"train_batch_size": 1}
+    probed = DeepSpeedConfig(dict(base, autotuning={"enabled": True, "metric_path": "m.json"}),
+                             sections=catalog.sections, world_size=1)
+    plain = DeepSpeedConfig(dict(base, autotuning={"enabled": True}), sections=catalog.sections,
+                            world_size=1)
+    profiled = DeepSpeedConfig(dict(base, autotuning={"enabled": True,
+                                                       "model_info": {"profile": True}}),
+                               sections=catalog.sections, world_size=1)
+    assert "autotuning" in catalog.enabled_names(probed)
+    assert "autotuning" in catalog.enabled_names(profiled)
+    assert "autotuning" not in catalog.enabled_names(plain)

@@ -1,0 +1,108 @@
+"""Compression and MoQ keys checked where their effect shows: symmetric/asymmetric and
+nearest/stochastic weight quantization, asymmetric activation quantization, MoQ's
+quantization type (``quantize_type`` or ``quantize-algo.q_type``), rounding, groups, and its
+per-step log line (``quantize_verbose``)."""
+import logging
+
+import torch
+from cp_helpers import group, section
+
+from deepspeed.compression.compress import init_compression
+from deepspeed.compression.config import QuantizeTrainingConfig
+from deepspeed.compression.moq import MoQQuantizer
+
+
+def _quantized_weight(**shared):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # all positive: the symmetric grid wastes its negative half
+    init_compression(model, section(weight_quantization=(
+        dict({"schedule_offset": 0, "quantize_weight_in_forward": True}, **shared),
+        {"wq1": group(["0"], start_bits=3, target_bits=3, quantization_period=1)})))
+    from deepspeed.compression.scheduler import compression_scheduler
+
+    compression_scheduler(model).step(0)
+    return model[0].effective_weight_and_bias()[0].detach(), model[0].weight.detach()
+
+
+def test_weight_quantization_type_and_rounding_choose_the_grid():
+    symmetric, original = _quantized_weight()
+    asymmetric, _ = _quantized_weight(quantization_type="asymmetric")
+    error = lambda q: (q - original).abs().max().item()  # noqa: E731
+    assert error(asymmetric) < error(symmetric)  # 8 levels over [min, max], not [-max, max]
+    torch.manual_seed(1)
+    stochastic, _ = _quantized_weight(rounding="stochastic")
+    assert not torch.equal(stochastic, symmetric)
+    assert stochastic.unique().numel() <= 8
+
+
+def test_activation_quantization_type_chooses_the_grid():
+    outputs = {}
+    for kind in ("symmetric", "asymmetric"):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 4))
+        init_compression(model, section(activation_quantization=(
+            {"range_calibration": "dynamic", "quantization_type": kind},
+            {"aq1": group(["0"], bits=4)})))
+        outputs[kind] = model[0].quantize_input(torch.linspace(0.0, 3.0, 16).reshape(1, 16))
+    # 4 bits over [0, 3]: asymmetric spends all 16 levels there, symmetric half of them
+    assert outputs["asymmetric"].unique().numel() > outputs["symmetric"].unique().numel()
+
+
+def _moq(**overrides):
+    body = {"enabled": True, "quantize_groups": 1,
+            "quantize_bits": {"start_bits": 4, "target_bits": 4},
+            "quantize_schedule": {"quantize_period": 100, "schedule_offset": 0}}
+    body.update(overrides)
+    return MoQQuantizer(QuantizeTrainingConfig.model_validate(body))
+
+
+def _moq_weight(**overrides):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4, bias=False)
+    with torch.no_grad():
+        model.weight.abs_()
+    _moq(**overrides).step(model, 1)
+    return model.weight.detach()
+
+
+def test_moq_type_rounding_and_groups():
+    symmetric = _moq_weight()
+    assert torch.equal(_moq_weight(quantize_type="asymmetric"),
+                       _moq_weight(**{"quantize-algo": {"q_type": "asymmetric"}}))
+    assert not torch.equal(_moq_weight(quantize_type="asymmetric"), symmetric)
+    torch.manual_seed(3)
+    assert not torch.equal(_moq_weight(**{"quantize-algo": {"rounding": "stochastic"}}),
+                           symmetric)
+    assert not torch.equal(_moq_weight(quantize_groups=4), symmetric)  # a scale per group
+
+
+def _moq_engine(verbose):
+    import deepspeed
+    from deepspeed.utils.logging import logger
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        model = torch.nn.Linear(8, 4)
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(),
+            config={"train_micro_batch_size_per_gpu": 2,
+                    "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                    "quantize_training": {"enabled": True, "quantize_verbose": verbose}})
+        engine.backward(engine(torch.randn(2, 8)).sum())
+        engine.step()
+        engine.destroy()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return [line for line in lines if "MoQ step" in line]
+
+
+def test_quantize_verbose_logs_each_moq_step(dist_pool):
+    assert len(dist_pool.run(_moq_engine, world_size=1, args=(True,))[0]) == 1
+    assert dist_pool.run(_moq_engine, world_size=1, args=(False,))[0] == []

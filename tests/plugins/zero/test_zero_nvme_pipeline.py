@@ -1,0 +1,52 @@
+"""NVMe optimizer offload pipelining on one gloo rank: with ``pipeline_read`` the next
+sub-group's read is queued before this one steps, with ``pipeline_write`` the previous one's
+write is still running while this one steps; without them neither; training is the same."""
+import torch
+
+from zero_models import ds_config, make_model, param_groups, train
+
+STEPS = 2
+
+
+def _run(path, read, write):
+    import deepspeed
+
+    model = make_model()
+    offload = {"device": "nvme", "nvme_path": path, "pipeline_read": read,
+               "pipeline_write": write}
+    engine, zero, _, _ = deepspeed.initialize(
+        model=model, model_parameters=param_groups(model),
+        config=ds_config(2, 1, offload_optimizer=offload, sub_group_size=16))
+    swapper, basic = zero.swapper, zero.optimizer
+    seen = {"writes_while_stepping": [], "reads_queued_while_stepping": []}
+    step = basic.step
+
+    def observed_step(*args, **kwargs):  # one sub-group at a time
+        seen["writes_while_stepping"].append(swapper.writes_in_flight())
+        seen["reads_queued_while_stepping"].append(swapper.reads_in_flight())
+        return step(*args, **kwargs)
+
+    basic.step = observed_step
+    params = train(engine, STEPS, 1)
+    groups = len(zero.all_chunks)
+    engine.destroy()
+    return params, seen, groups
+
+
+def test_pipeline_read_and_write_overlap_io_with_the_step(dist_pool, tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "piped").mkdir()
+    [(plain, quiet, groups)] = dist_pool.run(_run, world_size=1,
+                                             args=(str(tmp_path / "plain"), False, False))
+    [(piped, busy, _)] = dist_pool.run(_run, world_size=1,
+                                       args=(str(tmp_path / "piped"), True, True))
+    assert groups >= 3
+    # without pipelining every read and write is done before the next sub-group steps
+    assert set(quiet["writes_while_stepping"]) == {0}
+    assert set(quiet["reads_queued_while_stepping"]) == {0}
+    # pipeline_read: every sub-group but the last of a step has the next one's read queued
+    assert sum(1 for n in busy["reads_queued_while_stepping"] if n) == STEPS * (groups - 1)
+    # pipeline_write: the previous sub-group's write is still in flight (or just done)
+    assert any(busy["writes_while_stepping"])
+    for name, value in plain.items():
+        assert torch.equal(piped[name], value), name
