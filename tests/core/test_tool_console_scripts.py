@@ -1,7 +1,7 @@
 """The tools upstream installs as commands are installed here under the same names, each a
 console script of this distribution that runs the ``main`` the tools' own tests exercise
 (tests/plugins/elasticity/test_ds_elastic_cli.py, tests/core/launcher/test_ds_ssh.py,
-tests/core/comm/test_ds_bench.py, tests/core/nvme/test_nvme_tools.py)."""
+tests/core/comm/test_ds_bench.py, tests/plugins/zero/test_nvme_tools.py)."""
 import os
 import sys
 from importlib import metadata
@@ -9,8 +9,8 @@ from importlib import metadata
 import pytest
 
 TOOLS = {"ds_elastic": "deepspeed.elasticity.cli", "ds_ssh": "deepspeed.launcher.ds_ssh",
-         "ds_bench": "deepspeed.comm.benchmark", "ds_io": "deepspeed.nvme.ds_io",
-         "ds_nvme_tune": "deepspeed.nvme.sweep"}
+         "ds_bench": "deepspeed.comm.benchmark", "ds_io": "deepspeed.zero.nvme.ds_io",
+         "ds_nvme_tune": "deepspeed.zero.nvme.sweep"}
 
 
 @pytest.mark.parametrize("name", sorted(TOOLS))

@@ -11,7 +11,7 @@ including buffer allocation and device copies (E2E); see ``io_bench``.
 import argparse
 import sys
 
-from deepspeed.nvme.io_bench import HandleConfig, parse_size, run_io
+from deepspeed.zero.nvme.io_bench import HandleConfig, parse_size, run_io
 
 
 def add_handle_arguments(parser):

@@ -16,8 +16,8 @@ import json
 import os
 import sys
 
-from deepspeed.nvme.ds_io import io_device
-from deepspeed.nvme.io_bench import HandleConfig, parse_size, run_io
+from deepspeed.zero.nvme.ds_io import io_device
+from deepspeed.zero.nvme.io_bench import HandleConfig, parse_size, run_io
 
 # key -> values; the keys are HandleConfig's fields ("io_parallel" is accepted for
 # intra_op_parallelism, as upstream's sweep files spell it)

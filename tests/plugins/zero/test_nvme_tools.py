@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from deepspeed.nvme import ds_io_main, parse_size, sweep_main
-from deepspeed.nvme.io_bench import HandleConfig, _Worker, run_io
+from deepspeed.zero.nvme import ds_io_main, parse_size, sweep_main
+from deepspeed.zero.nvme.io_bench import HandleConfig, _Worker, run_io
 
 
 def _speed(out, line):
