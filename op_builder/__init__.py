@@ -16,11 +16,18 @@ BUILDER_MODULES = {
     "CPUAdagradBuilder": "cpu_adagrad",
     "CPULionBuilder": "cpu_lion",
     "AsyncIOBuilder": "async_io",
+    "GDSBuilder": "gds",
     "FusedAdamBuilder": "fused_adam",
     "FusedLambBuilder": "fused_lamb",
     "SparseAttnBuilder": "sparse_attn",
     "TransformerBuilder": "triton_op",
     "EvoformerAttnBuilder": "triton_op",
+    "StochasticTransformerBuilder": "triton_op",
+    "TransformerInferenceBuilder": "triton_op",
+    "QuantizerBuilder": "triton_op",
+    "FusedLionBuilder": "fused_lion",
+    "CCLCommBuilder": "unavailable",
+    "RandomLTDBuilder": "unavailable",
 }
 
 

@@ -46,6 +46,7 @@ def _flag_env(var):
 
 class AsyncIOBuilder(OpBuilder):
     NAME = "async_io"
+    BUILD_VAR = "DS_BUILD_AIO"  # the install docs' name, not DS_BUILD_ASYNC_IO
 
     def absolute_name(self):
         return f"deepspeed.ops.aio.{self.NAME}_op"

@@ -1,5 +1,5 @@
-"""Builder entries of ops written in Triton (transformer kernel, Evoformer attention, sparse
-attention).
+"""Builder entries of ops written in Triton (transformer kernel and its stochastic mode,
+Evoformer attention, sparse attention, kernel injection's bias-GeLU, ZeRO++'s quantizer).
 
 Triton compiles its kernels itself at first launch: there is no C++ to build ahead of time
 (``PREBUILDABLE = False``: ``DS_BUILD_<OP>`` skips it with that reason) and nothing to JIT through
@@ -82,3 +82,38 @@ class EvoformerAttnBuilder(TritonOpBuilder):
     NAME = "evoformer_attn"
     KERNELS = "deepspeed.ops.deepspeed4science.triton_kernels"
     TORCH_PATH = "the chunked torch path"
+
+
+class StochasticTransformerBuilder(TransformerBuilder):
+    """The transformer kernel in stochastic mode (``DeepSpeedTransformerConfig(stochastic_mode=
+    True)``): the same Triton kernels; stochastic mode lets attention dropout draw its own masks
+    instead of replaying recorded ones, which the layer decides, not the build."""
+
+    NAME = "stochastic_transformer"
+
+
+class TransformerInferenceBuilder(TritonOpBuilder):
+    """Kernel injection's fused bias + GeLU (``init_inference(replace_with_kernel_inject=True)``)."""
+
+    NAME = "transformer_inference"
+    KERNELS = "deepspeed.inference.triton_bias_gelu"
+    TORCH_PATH = "torch's gelu(x @ W + b)"
+
+    def missing(self):
+        if importlib.util.find_spec("deepspeed.inference") is None:
+            return ["the inference plugin is not installed"]
+        return []
+
+
+class QuantizerBuilder(TritonOpBuilder):
+    """The int8 block quantize / dequantize kernels of ZeRO++'s quantized weights (qwZ) and
+    frozen weights (MixZ++)."""
+
+    NAME = "quantizer"
+    KERNELS = "deepspeed.zero.zeropp.triton_quant"
+    TORCH_PATH = "the torch block quantizer (same integers)"
+
+    def missing(self):
+        if importlib.util.find_spec("deepspeed.zero") is None:
+            return ["the zero plugin is not installed"]
+        return []

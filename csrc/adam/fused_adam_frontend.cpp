@@ -7,6 +7,8 @@
 
 #include <vector>
 
+#include "tensor_lists.h"
+
 namespace ds_optim {
 const char* launch_multi_tensor_adam(int dtype, int state_dtype, int64_t min_share,
                                      int num_tensors, void* const* const* lists,
@@ -16,24 +18,6 @@ const char* launch_multi_tensor_adam(int dtype, int state_dtype, int64_t min_sha
                                      cudaStream_t stream);
 }
 
-namespace {
-
-int dtype_code(const at::ScalarType t) {
-    switch (t) {
-        case at::kFloat: return 0;
-        case at::kHalf: return 1;
-        case at::kBFloat16: return 2;
-        default:
-            TORCH_CHECK(false, "multi_tensor_adam: unsupported dtype ", t,
-                        " (allowed: float32, float16, bfloat16)");
-    }
-    return -1;
-}
-
-const char* kListNames[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
-
-}  // namespace
-
 // chunk_size: the fewest elements a block of the kernel takes (a small update uses fewer blocks)
 void multi_tensor_adam(int64_t chunk_size, const std::vector<std::vector<at::Tensor>>& lists,
                        double lr, double beta1, double beta2, double eps, int64_t step,
@@ -42,42 +26,17 @@ void multi_tensor_adam(int64_t chunk_size, const std::vector<std::vector<at::Ten
                 "(params, grads, exp_avgs, exp_avg_sqs), got ", lists.size());
     TORCH_CHECK(mode == 0 || mode == 1, "multi_tensor_adam: mode must be 0 (L2) or 1 (AdamW), "
                 "got ", mode);
-    const size_t n = lists[0].size();
-    if (n == 0) return;
+    if (lists[0].empty()) return;
+    static const char* names[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
+    const ds_optim::CheckedLists checked = ds_optim::check_tensor_lists(
+        "multi_tensor_adam", {&lists[0], &lists[1], &lists[2], &lists[3]}, names);
     const at::Tensor& first = lists[0][0];
-    const int code = dtype_code(first.scalar_type());
-    const at::ScalarType state_type = lists[2][0].scalar_type();
-    TORCH_CHECK(state_type == first.scalar_type() || state_type == at::kFloat,
-                "multi_tensor_adam: exp_avgs[0] has dtype ", state_type, "; the moments must "
-                "have the params' dtype (", first.scalar_type(), ") or float32");
-    std::vector<void*> ptrs[4];
-    std::vector<int64_t> sizes(n);
-    for (int d = 0; d < 4; ++d) {
-        TORCH_CHECK(lists[d].size() == n, "multi_tensor_adam: ", kListNames[d], " has ",
-                    lists[d].size(), " tensors, params has ", n);
-        ptrs[d].resize(n);
-        for (size_t i = 0; i < n; ++i) {
-            const at::Tensor& t = lists[d][i];
-            TORCH_CHECK(t.is_cuda() && t.device() == first.device(), "multi_tensor_adam: ",
-                        kListNames[d], "[", i, "] is on ", t.device(), ", expected ",
-                        first.device());
-            const at::ScalarType expected = d < 2 ? first.scalar_type() : state_type;
-            TORCH_CHECK(t.scalar_type() == expected, "multi_tensor_adam: ", kListNames[d], "[",
-                        i, "] has dtype ", t.scalar_type(), ", expected ", expected);
-            TORCH_CHECK(t.is_contiguous(), "multi_tensor_adam: ", kListNames[d], "[", i,
-                        "] is not contiguous");
-            TORCH_CHECK(t.numel() == lists[0][i].numel(), "multi_tensor_adam: ", kListNames[d],
-                        "[", i, "] has ", t.numel(), " elements, params[", i, "] has ",
-                        lists[0][i].numel());
-            ptrs[d][i] = t.data_ptr();
-        }
-    }
-    for (size_t i = 0; i < n; ++i) sizes[i] = lists[0][i].numel();
-    void* const* table[4] = {ptrs[0].data(), ptrs[1].data(), ptrs[2].data(), ptrs[3].data()};
     const c10::cuda::CUDAGuard guard(first.device());
     const char* err = ds_optim::launch_multi_tensor_adam(
-        code, dtype_code(state_type), chunk_size, static_cast<int>(n), table, sizes.data(), lr,
-        beta1, beta2, eps, step, mode == 1, bias_correction, weight_decay,
+        ds_optim::dtype_code("multi_tensor_adam", first.scalar_type()),
+        ds_optim::dtype_code("multi_tensor_adam", checked.state_type), chunk_size,
+        static_cast<int>(checked.sizes.size()), checked.table().data(), checked.sizes.data(),
+        lr, beta1, beta2, eps, step, mode == 1, bias_correction, weight_decay,
         c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == nullptr, "multi_tensor_adam: ", err == nullptr ? "" : err);
 }

@@ -7,6 +7,8 @@
 
 #include <vector>
 
+#include "tensor_lists.h"
+
 namespace ds_optim {
 int64_t fused_lamb_scratch_elements(int num_tensors, const int64_t* sizes);
 const char* launch_fused_lamb(int dtype, int state_dtype, int64_t min_share, int num_tensors,
@@ -22,20 +24,6 @@ namespace {
 
 // The fewest elements a block is given (a small update uses fewer blocks).
 constexpr int64_t kMinShare = 16384;
-const char* kListNames[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
-
-int dtype_code(const at::ScalarType t) {
-    switch (t) {
-        case at::kFloat: return 0;
-        case at::kHalf: return 1;
-        case at::kBFloat16: return 2;
-        default:
-            TORCH_CHECK(false, "fused_lamb: unsupported dtype ", t,
-                        " (allowed: float32, float16, bfloat16)");
-    }
-    return -1;
-}
-
 }  // namespace
 
 // Returns the fp32 tensor of per-tensor LAMB coefficients (1 for empty or zero-norm tensors).
@@ -45,38 +33,14 @@ at::Tensor lamb(const std::vector<at::Tensor>& params, const std::vector<at::Ten
                 double beta2, double eps, bool eps_inside_sqrt, int64_t step,
                 bool bias_correction, double weight_decay, double max_coeff, double min_coeff,
                 double grad_scale) {
-    const std::vector<at::Tensor>* lists[4] = {&params, &grads, &exp_avgs, &exp_avg_sqs};
-    const size_t n = params.size();
-    TORCH_CHECK(n > 0, "fused_lamb: params is empty");
-    const at::Tensor& first = params[0];
-    const int code = dtype_code(first.scalar_type());
+    TORCH_CHECK(!params.empty(), "fused_lamb: params is empty");
     TORCH_CHECK(!exp_avgs.empty(), "fused_lamb: exp_avgs is empty");
-    const at::ScalarType state_type = exp_avgs[0].scalar_type();
-    TORCH_CHECK(state_type == first.scalar_type() || state_type == at::kFloat,
-                "fused_lamb: exp_avgs[0] has dtype ", state_type, "; the moments must have the "
-                "params' dtype (", first.scalar_type(), ") or float32");
-    std::vector<void*> ptrs[4];
-    std::vector<int64_t> sizes(n);
-    for (size_t i = 0; i < n; ++i) sizes[i] = params[i].numel();
-    for (int d = 0; d < 4; ++d) {
-        TORCH_CHECK(lists[d]->size() == n, "fused_lamb: ", kListNames[d], " has ",
-                    lists[d]->size(), " tensors, params has ", n);
-        ptrs[d].resize(n);
-        for (size_t i = 0; i < n; ++i) {
-            const at::Tensor& t = (*lists[d])[i];
-            TORCH_CHECK(t.is_cuda() && t.device() == first.device(), "fused_lamb: ",
-                        kListNames[d], "[", i, "] is on ", t.device(), ", expected ",
-                        first.device());
-            const at::ScalarType expected = d < 2 ? first.scalar_type() : state_type;
-            TORCH_CHECK(t.scalar_type() == expected, "fused_lamb: ", kListNames[d], "[", i,
-                        "] has dtype ", t.scalar_type(), ", expected ", expected);
-            TORCH_CHECK(t.is_contiguous(), "fused_lamb: ", kListNames[d], "[", i,
-                        "] is not contiguous");
-            TORCH_CHECK(t.numel() == sizes[i], "fused_lamb: ", kListNames[d], "[", i, "] has ",
-                        t.numel(), " elements, params[", i, "] has ", sizes[i]);
-            ptrs[d][i] = t.data_ptr();
-        }
-    }
+    static const char* names[4] = {"params", "grads", "exp_avgs", "exp_avg_sqs"};
+    const ds_optim::CheckedLists checked = ds_optim::check_tensor_lists(
+        "fused_lamb", {&params, &grads, &exp_avgs, &exp_avg_sqs}, names);
+    const at::Tensor& first = params[0];
+    const size_t n = params.size();
+    const std::vector<int64_t>& sizes = checked.sizes;
     const c10::cuda::CUDAGuard guard(first.device());
     const auto fp32 = first.options().dtype(at::kFloat);
     // torch's allocator returns blocks aligned far beyond the 32 bytes the kernel needs
@@ -85,9 +49,10 @@ at::Tensor lamb(const std::vector<at::Tensor>& params, const std::vector<at::Ten
     at::Tensor updates = at::empty({scratch}, fp32);
     at::Tensor norms_sq = at::zeros({2 * static_cast<int64_t>(n)}, fp32);
     at::Tensor coeffs = at::ones({static_cast<int64_t>(n)}, fp32);
-    void* const* table[4] = {ptrs[0].data(), ptrs[1].data(), ptrs[2].data(), ptrs[3].data()};
     const char* err = ds_optim::launch_fused_lamb(
-        code, dtype_code(state_type), kMinShare, static_cast<int>(n), table, sizes.data(),
+        ds_optim::dtype_code("fused_lamb", first.scalar_type()),
+        ds_optim::dtype_code("fused_lamb", checked.state_type), kMinShare, static_cast<int>(n),
+        checked.table().data(), sizes.data(),
         updates.data_ptr<float>(), norms_sq.data_ptr<float>(), coeffs.data_ptr<float>(), lr,
         beta1, beta2, eps, eps_inside_sqrt, step, bias_correction, weight_decay, max_coeff,
         min_coeff, grad_scale, c10::cuda::getCurrentCUDAStream().stream());

@@ -25,18 +25,19 @@ def test_zero_shims_are_mapped_onto_upstream_names():
     assert mapping["deepspeed.utils.zero_to_fp32"] == os.path.join(shims, "utils", "zero_to_fp32")
     assert mapping["deepspeed.checkpoint.ds_to_universal"] == os.path.join(
         shims, "checkpoint", "ds_to_universal")
+    assert mapping["deepspeed.nvme"] == os.path.join(shims, "nvme")
     # the folders above a shim keep their owners, and the shim folder has no name of its own
     assert mapping["deepspeed.utils"] == os.path.join("core", "utils")
     assert mapping["deepspeed.checkpoint"] == os.path.join("core", "checkpoint")
     # (other plugins ship shims of their own, e.g. deepspeed.runtime.progressive_layer_drop,
     # deepspeed.ops.sparse_attention, deepspeed.runtime.fp16.onebit)
     assert not [name for name, path in mapping.items()
-                if path.startswith(shims) and not name.startswith(("deepspeed.utils.",
-                                                                   "deepspeed.checkpoint."))]
+                if path.startswith(shims) and name != "deepspeed.nvme"
+                and not name.startswith(("deepspeed.utils.", "deepspeed.checkpoint."))]
 
 
 @pytest.mark.parametrize("name", ["deepspeed.utils.zero_to_fp32",
-                                  "deepspeed.checkpoint.ds_to_universal"])
+                                  "deepspeed.checkpoint.ds_to_universal", "deepspeed.nvme"])
 def test_installed_shim_is_the_plugin_folder(name):
     module = importlib.import_module(name)
     assert Path(module.__file__).parent == ROOT / _setup_namespace()["package_map"]()[name]

@@ -1,4 +1,4 @@
-"""The CUDA FusedAdam / FusedLamb ops: the sources compile wherever nvcc is (a real compiler error
+"""The CUDA FusedAdam / FusedLamb / FusedLion ops: the sources compile wherever nvcc is (a real compiler error
 fails), the kernels match the PyTorch path and torch's fused Adam on a GPU, and CPU params keep
 the PyTorch path."""
 import math
@@ -16,11 +16,13 @@ from deepspeed.ops.adam import FusedAdam
 from deepspeed.ops.adam import functional as adam_functional
 from deepspeed.ops.adam import fused_adam as fused_adam_module
 from deepspeed.ops.lamb import FusedLamb
+from deepspeed.ops.lion import FusedLion
 from deepspeed.ops.op_builder import CSRC_ROOT
 from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
 from deepspeed.ops.op_builder.fused_lamb import FusedLambBuilder
+from deepspeed.ops.op_builder.fused_lion import FusedLionBuilder
 
-BUILDERS = [FusedAdamBuilder, FusedLambBuilder]
+BUILDERS = [FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder]
 NVCC = (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME")
         else shutil.which("nvcc"))
 needs_nvcc = pytest.mark.skipif(NVCC is None or not os.path.exists(NVCC),
@@ -190,7 +192,8 @@ SIZES = [1, 1000, 65536 + 7, 3 * 65536 + 1] + [17 * (i + 1) for i in range(40)]
 
 
 def _native(name):
-    builder = {"fused_adam": FusedAdamBuilder, "fused_lamb": FusedLambBuilder}[name]()
+    builder = {"fused_adam": FusedAdamBuilder, "fused_lamb": FusedLambBuilder,
+               "fused_lion": FusedLionBuilder}[name]()
     if not builder.is_compatible():
         pytest.skip(f"{name} cannot be built here: {builder.incompatible_reason}")
     fused_adam_module._NATIVE_OPS.pop(name, None)
@@ -237,6 +240,26 @@ def test_fused_adam_kernel_matches_pytorch_path(dtype, adam_w_mode, bias_correct
             opt = FusedAdam(_groups(params, lr=3e-3, weight_decay=0.2), lr=1e-2,
                             weight_decay=0.05, adam_w_mode=adam_w_mode,
                             bias_correction=bias_correction)
+            opt.use_cuda_kernel = native
+            return opt
+        return build
+
+    kernel, _ = _run(make(True), dtype)
+    reference, _ = _run(make(False), dtype)
+    for a, b in zip(kernel, reference):
+        torch.testing.assert_close(a, b, **_tol(dtype))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_fused_lion_kernel_matches_pytorch_path(dtype, weight_decay):
+    _native("fused_lion")
+
+    def make(native):
+        def build(params):
+            opt = FusedLion(_groups(params, lr=3e-4), lr=1e-3, betas=(0.9, 0.99),
+                            weight_decay=weight_decay)
             opt.use_cuda_kernel = native
             return opt
         return build

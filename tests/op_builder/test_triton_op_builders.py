@@ -1,4 +1,5 @@
-"""ds_report entries of the Triton ops (transformer kernel, Evoformer attention): discoverable by
+"""ds_report entries of the Triton ops (transformer kernel and its stochastic mode, Evoformer
+attention, kernel injection's bias-GeLU, ZeRO++'s quantizer): discoverable by
 op and class name, never pre-built, and honest about why the kernels cannot run here."""
 import pytest
 import torch
@@ -10,6 +11,9 @@ from deepspeed.ops.triton_support import triton_status
 @pytest.mark.parametrize("name,cls,kernels", [
     ("transformer", "TransformerBuilder", "deepspeed.ops.transformer.triton_ops"),
     ("evoformer_attn", "EvoformerAttnBuilder", "deepspeed.ops.deepspeed4science.triton_kernels"),
+    ("stochastic_transformer", "StochasticTransformerBuilder", "deepspeed.ops.transformer.triton_ops"),
+    ("transformer_inference", "TransformerInferenceBuilder", "deepspeed.inference.triton_bias_gelu"),
+    ("quantizer", "QuantizerBuilder", "deepspeed.zero.zeropp.triton_quant"),
 ])
 def test_triton_op_builders(name, cls, kernels, monkeypatch):
     builder_cls = get_op_builder(name)
