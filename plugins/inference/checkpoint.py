@@ -97,9 +97,9 @@ def _existing(files, where):
 def _tensors(path):
     """``(key, tensor)`` pairs of one file, read lazily where the format allows it."""
     if path.endswith(".safetensors"):
-        from safetensors import safe_open
+        from deepspeed.checkpoint.engines.safetensors_format import safetensors_module
 
-        with safe_open(path, framework="pt") as handle:
+        with safetensors_module().safe_open(path, framework="pt") as handle:
             for key in handle.keys():
                 yield key, handle.get_tensor(key)
         return

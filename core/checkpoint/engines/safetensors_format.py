@@ -16,6 +16,7 @@ skeleton is written first and both files carry one random save id, so a crash be
 writes is detected on load instead of pairing a new skeleton with old tensors.
 """
 import base64
+import importlib
 import json
 import math
 import os
@@ -183,10 +184,21 @@ def split(state):
     return OrderedDict((n, _storable(t, seen)) for n, t in tensors.tensors.items()), skeleton
 
 
+def safetensors_module(name="safetensors"):
+    """Import ``safetensors`` (or its submodule ``name``), or say how to install it: it is an
+    extra (``pip install 'deepspeed[safetensors]'``), as upstream does not depend on it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError("the safetensors checkpoint format needs the 'safetensors' package: "
+                          "pip install safetensors  (or pip install 'deepspeed[safetensors]'); "
+                          "the default checkpoint_engine 'torch' needs nothing more") from exc
+
+
 def write(state, path, write_atomically):
     """Write ``state`` as ``path`` (safetensors) plus ``state_path(path)`` (JSON), each with
     ``write_atomically(target, write_to_temporary_path)``."""
-    from safetensors.torch import save_file
+    save_file = safetensors_module("safetensors.torch").save_file
 
     tensors, skeleton = split(state)
     save_id = uuid.uuid4().hex
@@ -212,7 +224,7 @@ def is_safetensors(head):
 def read(path):
     """The structure ``write`` stored (tensors on CPU). A plain safetensors file (no skeleton,
     e.g. a Hugging Face model) reads as its ``{name: tensor}`` dict."""
-    from safetensors import safe_open
+    safe_open = safetensors_module().safe_open
 
     path = os.fspath(path)
     with safe_open(path, framework="pt", device="cpu") as handle:
