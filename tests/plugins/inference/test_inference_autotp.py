@@ -73,38 +73,19 @@ def _autotp_and_manual_policy_agree(name):
     model, _ = build(name)
     auto = deepspeed.init_inference(model, dtype=torch.float, tensor_parallel={"tp_size": 2})
     model2, _ = build(name)
-    policy = {block_class(model2): ROW_NAMES[name]}
+    # BERT through the API reference's policy class, the others through the Linear names
+    rows = deepspeed.inference.HFBertLayerPolicy if name == "bert" else ROW_NAMES[name]
     manual = deepspeed.init_inference(model2, dtype=torch.float, mp_size=2,
-                                      injection_policy=policy)
+                                      injection_policy={block_class(model2): rows})
     with torch.no_grad():
-        return torch.equal(auto(ids).logits, manual(ids).logits)
+        return torch.equal(auto(ids).logits, manual(ids).logits), [r for _, r in manual.policy]
 
 
 def test_injection_policy_path_equals_autotp(dist_pool):
     for name in ("llama", "bert"):
-        assert dist_pool.run(_autotp_and_manual_policy_agree, world_size=2, args=(name,)) == [True, True]
-
-
-def _bert_policy_class_equals_autotp():
-    import deepspeed
-    import transformers as tf
-
-    ids = input_ids(seed=3)
-    model, _ = build("bert")
-    auto = deepspeed.init_inference(model, dtype=torch.float, tensor_parallel={"tp_size": 2})
-    model2, _ = build("bert")
-    # the API reference's spelling: a policy class instead of the Linear names
-    by_class = deepspeed.init_inference(model2, dtype=torch.float, tensor_parallel={"tp_size": 2},
-                                        injection_policy={tf.models.bert.modeling_bert.BertLayer:
-                                                          deepspeed.inference.HFBertLayerPolicy})
-    with torch.no_grad():
-        return torch.equal(auto(ids).logits, by_class(ids).logits), by_class.policy
-
-
-def test_hf_bert_layer_policy_splits_bert_like_autotp(dist_pool):
-    for same, policy in dist_pool.run(_bert_policy_class_equals_autotp, world_size=2):
-        assert same
-        assert [names for _, names in policy] == [("attention.output.dense", "output.dense")]
+        for same, rows in dist_pool.run(_autotp_and_manual_policy_agree, world_size=2,
+                                        args=(name,)):
+            assert same and rows == [ROW_NAMES[name]], (name, rows)
 
 
 def _error_of(case):
