@@ -6,6 +6,8 @@ launched job): the tensor helpers load on first use (PEP 562). Names a plugin ow
 (``set_z3_leaf_modules`` is ZeRO's) come from the installed plugins' exports
 (``lazy_exports.plugin_exports``), so this floor imports no plugin."""
 import importlib
+import sys
+import types
 
 from deepspeed.utils.lazy_exports import import_submodule, plugin_exports
 from deepspeed.utils.logging import log_dist, logger
@@ -70,3 +72,18 @@ _plugin_names, _exported_dir = plugin_exports(__name__)
 
 def __dir__():
     return sorted(set(_exported_dir()) | set(_LAZY))
+
+
+class _PackageWhereExportsWin(types.ModuleType):
+    """``deepspeed.utils`` itself. Importing a submodule binds it as an attribute of its package
+    *after* the submodule ran; for ZeRO's upstream-path module ``deepspeed.utils.z3_leaf_module``
+    that would replace the function of the same name, which upstream binds last. A submodule
+    that says so (``EXPORTED_NAME_WINS = True``) leaves the plugin-exported name in place."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and getattr(value, "EXPORTED_NAME_WINS", False):
+            value = _plugin_names(name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _PackageWhereExportsWin

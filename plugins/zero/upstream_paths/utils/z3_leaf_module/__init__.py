@@ -11,3 +11,7 @@ from deepspeed.zero.z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_modu
 
 __all__ = ["get_z3_leaf_modules", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name",
            "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]
+
+# deepspeed.utils keeps its function z3_leaf_module when this module is imported (upstream binds
+# the function last); see deepspeed.utils._PackageWhereExportsWin
+EXPORTED_NAME_WINS = True
