@@ -114,7 +114,13 @@ def test_unknown_flag_and_unknown_launcher_are_usage_errors(capsys):
     assert "invalid choice: 'mpiexec'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("typo,meant", [("--num_gpu", "--num_gpus"),
+def test_a_flag_prefix_is_the_flag_as_argparse_allows():
+    """``--num_gpu`` is an unambiguous prefix of ``--num_gpus``: accepted, as upstream's parser
+    accepts it (issue 36), rather than answered with a suggestion."""
+    assert runner.parse_args(["--num_gpu", "2", "train.py"]).num_gpus == 2
+
+
+@pytest.mark.parametrize("typo,meant", [("--num_gpsu", "--num_gpus"),
                                          ("--master_prot=29600", "--master_port"),
                                          ("--hostfiel", "--hostfile")])
 def test_a_misspelled_flag_gets_the_close_name(capsys, typo, meant):
