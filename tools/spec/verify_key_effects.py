@@ -16,7 +16,8 @@ pytest plugin sets the mutation of the test about to run in a file the wrapper r
 test named by several keys runs once per key but the start-up cost is paid per round.
 
 Results (one line per key): `ok` the test failed under the mutation, `PASSES` it did not (the
-row names the wrong test, or the key has no effect). With --baseline the named tests first run
+row names the wrong test, or the key has no effect), `SKIPPED` it skipped (hardware it needs),
+`NOT RUN` / `MISSING` it could not be run. With --baseline the named tests first run
 unchanged; a test that fails anyway is reported as `BROKEN` instead of `ok`. Rows of
 plain-value plugin sections (not models) are skipped.
 """
@@ -79,7 +80,7 @@ import os
 import pytest
 
 _PLAN = json.loads(open(os.environ["KEY_EFFECT_PLAN"]).read())
-_FAILED = set()
+_OUTCOMES = {}  # test id -> set of outcomes of its items ("passed", "failed", "skipped")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,13 +90,13 @@ def pytest_runtest_setup(item):
 
 
 def pytest_runtest_logreport(report):
-    if report.failed:
-        _FAILED.add(report.nodeid.split("[")[0])
+    if report.when == "call" or report.outcome != "passed":
+        _OUTCOMES.setdefault(report.nodeid.split("[")[0], set()).add(report.outcome)
 
 
 def pytest_sessionfinish(session):
     with open(os.environ["KEY_EFFECT_RESULT"], "w") as handle:
-        json.dump(sorted(_FAILED), handle)
+        json.dump({test: sorted(outcomes) for test, outcomes in _OUTCOMES.items()}, handle)
 '''
 
 
@@ -121,7 +122,7 @@ def owners():
 
 def run_round(plan, workdir, name):
     """Run every test of `plan` ({test id: mutation text, "" for none}) in one pytest
-    process; returns the set of test ids that failed."""
+    process; returns {test id: the outcomes of its items} for the tests that ran."""
     import json
 
     plan_file = Path(workdir, f"{name}.plan.json")
@@ -137,7 +138,19 @@ def run_round(plan, workdir, name):
     subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if not result_file.is_file():
         raise RuntimeError(f"round {name}: pytest wrote no result (collection error?)")
-    return set(json.loads(result_file.read_text(encoding="utf-8")))
+    return {test: set(outcomes)
+            for test, outcomes in json.loads(result_file.read_text(encoding="utf-8")).items()}
+
+
+def verdict(outcomes, broken):
+    """What one mutated run says about a row."""
+    if broken:
+        return "BROKEN (fails unchanged)"
+    if not outcomes:
+        return "NOT RUN"
+    if "failed" in outcomes:
+        return "ok"
+    return "PASSES" if "passed" in outcomes else "SKIPPED"
 
 
 def main(argv=None):
@@ -154,10 +167,16 @@ def main(argv=None):
     Path(workdir, "key_effect_plugin.py").write_text(PLUGIN, encoding="utf-8")
     broken = set()
     if args.baseline:
-        broken = run_round({test: "" for _, test in rows}, workdir, "baseline")
+        baseline = run_round({test: "" for _, test in rows}, workdir, "baseline")
+        broken = {test for test, outcomes in baseline.items() if "failed" in outcomes}
     # rounds: each test at most once per pytest run, with the mutation of one of its keys
-    pending = [(full, test) for full, test in rows if full in where]
+    exists = {test for _, test in rows if (ROOT / test.split("::")[0]).is_file()}
+    pending = [(full, test) for full, test in rows if full in where and test in exists]
     verdicts = {full: "SKIP (plain section)" for full, _ in rows if full not in where}
+    verdicts.update({full: "MISSING (no such file)" for full, test in rows
+                     if full in where and test not in exists})
+    for full, verdict_text in verdicts.items():
+        print(f"{verdict_text:24} {full}", flush=True)
     round_number = 0
     while pending:
         plan, this_round, later = {}, [], []
@@ -167,10 +186,9 @@ def main(argv=None):
             else:
                 plan[test] = ":".join(where[full])
                 this_round.append((full, test))
-        failed = run_round(plan, workdir, f"round{round_number}")
+        outcomes = run_round(plan, workdir, f"round{round_number}")
         for full, test in this_round:
-            verdicts[full] = ("BROKEN (fails unchanged)" if test in broken
-                              else "ok" if test in failed else "PASSES")
+            verdicts[full] = verdict(outcomes.get(test, set()), test in broken)
             print(f"{verdicts[full]:24} {full}  ->  {test}", flush=True)
         pending, round_number = later, round_number + 1
     return 1 if any(v != "ok" for v in verdicts.values()) else 0
