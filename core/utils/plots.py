@@ -68,7 +68,7 @@ def bar_figure(panels: List[BarPanel], title: str = ""):
         if panel.marked is not None:
             ax.scatter([panel.values[panel.marked]], [panel.marked], marker="*", s=160,
                        color="tab:red", zorder=3, label=panel.marked_label)
-            ax.legend(loc="lower right")
+            ax.legend(loc="best")
     if title:
         figure.suptitle(title)
     return figure
