@@ -106,3 +106,22 @@ def _moq_engine(verbose):
 def test_quantize_verbose_logs_each_moq_step(dist_pool):
     assert len(dist_pool.run(_moq_engine, world_size=1, args=(True,))[0]) == 1
     assert dist_pool.run(_moq_engine, world_size=1, args=(False,))[0] == []
+
+
+def test_related_modules_of_an_unstructured_technique_warn_once_naming_the_group(caplog):
+    from deepspeed.config.without_effect import reset_without_effect_warnings
+    from deepspeed.utils.logging import logger
+
+    reset_without_effect_warnings()
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING):
+            init_compression(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)),
+                             section(weight_quantization=({}, {"wq1": group(
+                                 ["0"], [["1"]], start_bits=8, target_bits=8)})))
+    finally:
+        logger.removeHandler(caplog.handler)
+        reset_without_effect_warnings()
+    warned = [r.getMessage() for r in caplog.records if "has no effect here" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(
+        "compression_training.weight_quantization.different_groups.wq1.related_modules ")
