@@ -159,8 +159,8 @@ class ActQuantGroup(_Group):
 class ActQuantShared(DeepSpeedConfigModel):
     tested_by = {
         "enabled": INIT + "test_conv_and_activation_quantization",
-        "range_calibration": INIT + "test_static_activation_range_tracks_training_inputs",
-        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+        **dict.fromkeys(("range_calibration", "schedule_offset"),
+                        KEYS + "test_activation_range_calibration_and_schedule_offset"),
         "quantization_type": KEYS + "test_activation_quantization_type_chooses_the_grid",
     }
 
