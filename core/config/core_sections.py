@@ -247,16 +247,10 @@ class DataTypesConfig(DeepSpeedConfigModel):
 class ActivationCheckpointingConfig(DeepSpeedConfigModel):
     """`activation_checkpointing`: read by `deepspeed.checkpointing.configure`."""
 
-    tested_by = {
-        "partition_activations": "tests/core/test_engine.py::test_activation_checkpointing_"
-                                 "section_configures_deepspeed_checkpointing",
-        "contiguous_memory_optimization": AC + "test_contiguous_rule_applies_to_the_config_too",
-        "cpu_checkpointing": AC + "test_configure_from_a_config_dict",
-        "number_checkpoints": AC + "test_configure_from_a_config_dict",
-        "synchronize_checkpoint_boundary": AC + "test_configure_from_a_config_dict",
-        "profile": "tests/core/test_engine.py::test_activation_checkpointing_section_configures_"
-                   "deepspeed_checkpointing",
-    }
+    tested_by = dict.fromkeys(
+        ("partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+         "number_checkpoints", "synchronize_checkpoint_boundary", "profile"),
+        AC + "test_configure_from_a_config_dict")
 
     # the Megatron tutorial spells it `partition_activation`
     partition_activations: Annotated[bool, deprecated_alias("partition_activation")] = False

@@ -33,8 +33,13 @@ def keys_without_effect(model, prefix: str = "") -> List[Tuple[str, str]]:
             found.append((f"{prefix}.{path}" if prefix else path, reason))
     for name in type(model).model_fields:
         sub = getattr(model, name, None)
+        where = f"{prefix}.{name}" if prefix else name
         if isinstance(sub, DeepSpeedConfigModel):
-            found.extend(keys_without_effect(sub, f"{prefix}.{name}" if prefix else name))
+            found.extend(keys_without_effect(sub, where))
+        elif isinstance(sub, dict):  # user-named groups ({"wq1": {...}})
+            for key, item in sub.items():
+                if isinstance(item, DeepSpeedConfigModel):
+                    found.extend(keys_without_effect(item, f"{where}.{key}"))
     return found
 
 

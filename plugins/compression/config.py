@@ -61,10 +61,7 @@ class LayerReductionConfig(DeepSpeedConfigModel):
 
 # ------------------------------------------------------------------ shared groups
 class _Group(DeepSpeedConfigModel):
-    tested_by = {
-        "modules": INIT + "test_patterns_select_layers_and_leave_others_alone",
-        "related_modules": INIT + "test_related_modules_pair_with_their_module_pattern",
-    }
+    tested_by = {"modules": INIT + "test_patterns_select_layers_and_leave_others_alone"}
     modules: List[str] = Field(default_factory=lambda: ["*"])
     related_modules: Optional[List[List[str]]] = None
 
@@ -90,7 +87,12 @@ class WeightQuantParams(DeepSpeedConfigModel):
         return self
 
 
+_UNRELATED = ("related modules are only shrunk with the layer by structured pruning (row, head, "
+              "channel), by redundancy_clean; this technique leaves them alone")
+
+
 class WeightQuantGroup(_Group):
+    without_effect = {"related_modules": _UNRELATED}
 
     params: WeightQuantParams = Field(default_factory=WeightQuantParams)
 
@@ -149,6 +151,7 @@ class ActQuantParams(DeepSpeedConfigModel):
 
 
 class ActQuantGroup(_Group):
+    without_effect = {"related_modules": _UNRELATED}
 
     params: ActQuantParams = Field(default_factory=ActQuantParams)
 
@@ -156,8 +159,8 @@ class ActQuantGroup(_Group):
 class ActQuantShared(DeepSpeedConfigModel):
     tested_by = {
         "enabled": INIT + "test_conv_and_activation_quantization",
-        "range_calibration": INIT + "test_static_activation_range_tracks_training_inputs",
-        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+        **dict.fromkeys(("range_calibration", "schedule_offset"),
+                        KEYS + "test_activation_range_calibration_and_schedule_offset"),
         "quantization_type": KEYS + "test_activation_quantization_type_chooses_the_grid",
     }
 
@@ -179,8 +182,19 @@ class DenseRatioParams(DeepSpeedConfigModel):
 
 
 class PruneGroup(_Group):
+    """A structured (row, head, channel) pruning group: redundancy_clean shrinks its related
+    modules with it."""
 
+    tested_by = {**_Group.tested_by,
+                 "related_modules": INIT + "test_related_modules_pair_with_their_module_pattern"}
     params: DenseRatioParams = Field(default_factory=DenseRatioParams)
+
+
+class SparsePruneGroup(PruneGroup):
+    """A ``sparse_pruning`` group: unstructured, so its related modules keep their shape."""
+
+    tested_by = _Group.tested_by
+    without_effect = {"related_modules": _UNRELATED}
 
 
 class SparsePruningShared(DeepSpeedConfigModel):
@@ -215,7 +229,7 @@ class SparsePruningShared(DeepSpeedConfigModel):
 
 class SparsePruningConfig(DeepSpeedConfigModel):
     shared_parameters: SparsePruningShared = Field(default_factory=SparsePruningShared)
-    different_groups: Dict[str, PruneGroup] = Field(default_factory=dict)
+    different_groups: Dict[str, SparsePruneGroup] = Field(default_factory=dict)
 
 
 class RowPruningShared(DeepSpeedConfigModel):

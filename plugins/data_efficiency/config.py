@@ -26,6 +26,7 @@ def _check(model, where, difficulty_type="value"):
 # the tests named in the key-effect table (``tested_by``, see deepspeed.config.model)
 SAMPLER = "tests/plugins/data_efficiency/test_curriculum_sampler.py::"
 LTD = "tests/plugins/data_efficiency/test_random_ltd.py::"
+SAMPLING_KEYS = "tests/plugins/data_efficiency/test_data_sampling_keys.py::"
 
 class CurriculumMetricConfig(DeepSpeedConfigModel):
     """One metric of ``data_sampling.curriculum_learning.curriculum_metrics``."""
@@ -45,7 +46,8 @@ class CurriculumMetricConfig(DeepSpeedConfigModel):
 
 
 class DataSamplingCurriculumConfig(DeepSpeedConfigModel):
-    tested_by = {"enabled": SAMPLER + "test_percentile_difficulty"}
+    tested_by = {"enabled": SAMPLING_KEYS + "test_num_workers_pin_memory_and_num_epochs_reach_"
+                                            "the_loader"}
 
     without_effect = {
         "data_cluster_path": "the sampler keeps its clusters in memory (one shuffled queue of "
@@ -75,10 +77,9 @@ class DataSamplingCurriculumConfig(DeepSpeedConfigModel):
 
 class DataSamplingConfig(DeepSpeedConfigModel):
     tested_by = {
-        "enabled": SAMPLER + "test_percentile_difficulty",
-        **dict.fromkeys(("num_epochs", "num_workers", "pin_memory"),
-                        "tests/plugins/data_efficiency/test_data_sampling_keys.py::"
-                        "test_num_workers_pin_memory_and_num_epochs_reach_the_loader"),
+        **dict.fromkeys(("enabled", "num_epochs", "num_workers", "pin_memory"),
+                        SAMPLING_KEYS + "test_num_workers_pin_memory_and_num_epochs_reach_the_"
+                                        "loader"),
     }
 
     enabled: bool = False
@@ -164,9 +165,9 @@ class DataRoutingConfig(DeepSpeedConfigModel):
 
 
 class DataEfficiencyConfig(DeepSpeedConfigModel):
-    tested_by = {"enabled": SAMPLER + "test_percentile_difficulty",
-                 "seed": LTD + "test_unsampled_positions_pass_through_and_kept_count_follows_"
-                               "schedule"}
+    tested_by = {"enabled": SAMPLING_KEYS + "test_num_workers_pin_memory_and_num_epochs_reach_"
+                                            "the_loader",
+                 "seed": SAMPLING_KEYS + "test_seed_fixes_the_draw"}
 
     enabled: bool = False
     seed: int = 1234

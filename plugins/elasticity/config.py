@@ -54,7 +54,8 @@ class ElasticityConfig(DeepSpeedConfigModel):
                         ENGINE + "test_engine_uses_the_elastic_plan"),
         **dict.fromkeys(("min_gpus", "max_gpus", "prefer_larger_batch"),
                         COMPUTE + "test_plan_matches_its_definition"),
-        **dict.fromkeys(("version", "model_parallel_size", "num_gpus_per_node"),
+        "version": COMPUTE + "test_worked_example_v01",
+        **dict.fromkeys(("model_parallel_size", "num_gpus_per_node"),
                         COMPUTE + "test_v02_scales_by_nodes_and_trains_off_plan"),
         "ignore_non_elastic_batch_info": ENGINE + "test_batch_keys_next_to_elasticity",
     }

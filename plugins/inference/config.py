@@ -109,7 +109,7 @@ class WeightQuantConfig(BaseQuantConfig):
         "enabled": KEY_TESTS + "test_activation_quantization_quantizes_each_layer_input",
         "num_bits": TESTS + "test_inference_int8.py::test_bad_quant_settings_name_the_key",
         "q_type": KEY_TESTS + "test_weight_q_type_asymmetric_keeps_zero_points",
-        "q_groups": TESTS + "test_inference_int8.py::test_linear_output_within_documented_bound",
+        "q_groups": KEY_TESTS + "test_weight_q_groups_gives_a_scale_per_group",
     }
     without_effect = dict.fromkeys(
         ("quantized_initialization", "post_init_quant"),
@@ -194,8 +194,7 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
                                        "checkpoint_options_are_named",
         "training_mp_size": TESTS + "test_inference_checkpoint.py::test_unimplemented_checkpoint_"
                                 "options_are_named",
-        "injection_policy": TESTS + "test_inference_autotp.py::test_injection_policy_path_equals_"
-                                "autotp",
+        "injection_policy": KEY_TESTS + "test_injection_policy_names_the_row_parallel_layers",
         "injection_policy_tuple": TESTS + "test_inference_autotp.py::test_replace_transformer_"
                                           "layer_tensor_slicing",
         "max_out_tokens": TESTS + "test_inference_config.py::test_generate_passthrough_and_max_out_"

@@ -90,7 +90,8 @@ class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
 
     # what each key does here (see deepspeed.config.model; fast_init: DeepSpeedZeroConfig)
     tested_by = {
-        "device": "tests/plugins/zero/test_zero_training.py::test_cpu_offload_matches_reference",
+        "device": "tests/plugins/zero/test_zero_hooks.py::test_zero_answers_optimizer_device_and_"
+                  "sharding",
         "nvme_path": "tests/plugins/zero/test_zero_debug_access.py::"
                      "test_nvme_sub_groups_match_reference",
         "pin_memory": "tests/plugins/zero/test_zero_training.py::test_cpu_offload_matches_"

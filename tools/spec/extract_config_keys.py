@@ -192,8 +192,11 @@ def checklist_keys(text: str, roots: Iterable[str]) -> Set[str]:
 
 
 def documented_keys(spec: Path) -> List[str]:
+    """The keys of the pages under `spec`: its `seeds/*.txt` and `checklists/*.md`, or, for a
+    folder holding the seed pages themselves (the repository's copy), its `*.txt`."""
+    seeds = spec / "seeds" if (spec / "seeds").is_dir() else spec
     pages = [page.read_text(encoding="utf-8") for page in
-             sorted((spec / "seeds").glob("*.txt")) + sorted((spec / "checklists").glob("*.md"))]
+             sorted(seeds.glob("*.txt")) + sorted((spec / "checklists").glob("*.md"))]
     found: Set[str] = set()
     blocks: List[Set[str]] = []
     for text in pages:
@@ -230,7 +233,7 @@ def documented_keys(spec: Path) -> List[str]:
 
 
 def main(argv: List[str]) -> int:
-    if len(argv) != 1 or not (Path(argv[0]) / "seeds").is_dir():
+    if len(argv) != 1 or not Path(argv[0]).is_dir():
         print(__doc__, file=sys.stderr)
         return 2
     print(HEADER + "\n".join(documented_keys(Path(argv[0]))))

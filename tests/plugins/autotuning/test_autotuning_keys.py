@@ -36,15 +36,19 @@ def _autotuner(tmp_path, section, scores):
     argv = ["--autotuning", "tune", "--num_gpus", "1", str(tmp_path / "train.py"),
             "--deepspeed", str(tmp_path / "ds.json")]
     tuner = at.Autotuner(parse_args(argv), argv)
-    ran = []
+    ran, overwrites = [], []
 
     def run_job(command, name, config, exp_dir, result_file, arg_values, overwrite):
         ran.append(name)
+        overwrites.append(overwrite)
         score = scores(config["train_micro_batch_size_per_gpu"])
-        return JobResult(name, {"throughput": score, "latency": 1 / score, "FLOPS": score}, 0,
+        # latency grows with the micro-batch, so it ranks the points unlike throughput
+        return JobResult(name, {"throughput": score, "FLOPS": score,
+                                "latency": float(config["train_micro_batch_size_per_gpu"])}, 0,
                          str(tmp_path / "log"))
 
     at.jobs.run_job, original = run_job, at.jobs.run_job
+    tuner.overwrites = overwrites
     return tuner, ran, original
 
 
@@ -75,6 +79,24 @@ def test_trial_budget_early_stop_directories_and_model_info(tmp_path, monkeypatc
         assert len(ran) == 2 and "profile_model_info" not in ran
         with pytest.raises(ValueError, match="autotuning.mp_size"):  # 1 rank, mp_size 2
             _autotuner(tmp_path, dict(section, mp_size=2), lambda micro: 1.0)
+    finally:
+        at.jobs.run_job = original
+
+
+def test_metric_chooses_the_best_and_overwrite_reaches_every_job(tmp_path, monkeypatch):
+    from deepspeed.autotuning import autotuner as at
+
+    monkeypatch.chdir(tmp_path)
+    section = {"tuner_type": "gridsearch", "model_info": {"num_params": 10}}
+    try:
+        # the stand-in reports throughput = micro-batch, latency = micro-batch
+        tuner, _, original = _autotuner(tmp_path, section, lambda micro: micro)
+        assert tuner.run_search()["micro_batch"] == 1024  # most throughput
+        assert set(tuner.overwrites) == {False}
+        tuner, _, _ = _autotuner(tmp_path, dict(section, metric="latency", overwrite=True),
+                                 lambda micro: micro)
+        assert tuner.run_search()["micro_batch"] == 1  # least latency
+        assert set(tuner.overwrites) == {True}
     finally:
         at.jobs.run_job = original
 

@@ -106,3 +106,50 @@ def _moq_engine(verbose):
 def test_quantize_verbose_logs_each_moq_step(dist_pool):
     assert len(dist_pool.run(_moq_engine, world_size=1, args=(True,))[0]) == 1
     assert dist_pool.run(_moq_engine, world_size=1, args=(False,))[0] == []
+
+
+def test_related_modules_of_an_unstructured_technique_warn_once_naming_the_group(caplog):
+    from deepspeed.config.without_effect import reset_without_effect_warnings
+    from deepspeed.utils.logging import logger
+
+    reset_without_effect_warnings()
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING):
+            init_compression(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)),
+                             section(weight_quantization=({}, {"wq1": group(
+                                 ["0"], [["1"]], start_bits=8, target_bits=8)})))
+    finally:
+        logger.removeHandler(caplog.handler)
+        reset_without_effect_warnings()
+    warned = [r.getMessage() for r in caplog.records if "has no effect here" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(
+        "compression_training.weight_quantization.different_groups.wq1.related_modules ")
+
+
+def _activation_layer(**shared):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    init_compression(model, section(activation_quantization=(
+        shared, {"aq1": group(["0"], bits=8)})))
+    from deepspeed.compression.scheduler import compression_scheduler
+
+    return model, compression_scheduler(model)
+
+
+def test_activation_range_calibration_and_schedule_offset():
+    # static: training forwards calibrate one range; dynamic: each token has its own, none kept
+    static, scheduler = _activation_layer(range_calibration="static")
+    scheduler.step(0)
+    static.train()(torch.full((2, 4), 3.0))
+    dynamic, scheduler = _activation_layer(range_calibration="dynamic")
+    scheduler.step(0)
+    dynamic.train()(torch.full((2, 4), 3.0))
+    assert static[0].activation_range_seen.item() == 1
+    assert not hasattr(dynamic[0], "activation_range_seen")
+    # schedule_offset: inputs pass unquantized before the offset step
+    late, scheduler = _activation_layer(range_calibration="dynamic", schedule_offset=5)
+    x = torch.linspace(-1.0, 1.0, 4).reshape(1, 4) / 3
+    scheduler.step(4)
+    assert torch.equal(late[0].quantize_input(x), x)
+    scheduler.step(5)
+    assert not torch.equal(late[0].quantize_input(x), x)

@@ -31,3 +31,19 @@ def test_num_workers_pin_memory_and_num_epochs_reach_the_loader(dist_pool, tmp_p
                                     args=(str(tmp_path), {"num_epochs": 1}))
     assert (workers, pinned) == (2, True)
     assert batches == 3 * fewer
+
+
+def test_seed_fixes_the_draw(tmp_path):
+    from deepspeed.data_efficiency import DeepSpeedDataSampler
+
+    analyze(tmp_path)
+
+    def first_batches(seed):
+        config = dict(metric_config(tmp_path), seed=seed)
+        sampler = DeepSpeedDataSampler(config, 400, micro_batch_size=8, data_parallel_rank=0,
+                                       data_parallel_size=1)
+        it = iter(sampler)
+        return [list(next(it)) for _ in range(3)]
+
+    assert first_batches(7) == first_batches(7)
+    assert first_batches(7) != first_batches(8)

@@ -254,3 +254,26 @@ def test_weight_q_type_asymmetric_keeps_zero_points():
     asymmetric = _int8({"activation": {"enabled": False}, "weight": {"q_type": "asymmetric"}})
     assert int8_parts(symmetric.module)[2] is None
     assert int8_parts(asymmetric.module)[2] is not None
+
+
+def _policy_split(policy):
+    from inference_models import block_class
+
+    model, _ = build("llama")
+    kwargs = {} if policy is None else {"injection_policy": {block_class(model): policy}}
+    engine = deepspeed.init_inference(model, dtype=torch.float, tensor_parallel={"tp_size": 2},
+                                      **kwargs)
+    layer = engine.module.model.layers[0]
+    return type(layer.self_attn.o_proj).__name__, type(layer.mlp.down_proj).__name__
+
+
+def test_injection_policy_names_the_row_parallel_layers(dist_pool):
+    autotp = dist_pool.run(_policy_split, world_size=2, args=(None,))[0]
+    named = dist_pool.run(_policy_split, world_size=2, args=(("self_attn.o_proj",),))[0]
+    assert autotp[0] == autotp[1] == named[0]  # AutoTP's row-parallel kind
+    assert named[1] != autotp[1]  # down_proj left out of the policy: not row-parallel
+
+
+def test_weight_q_groups_gives_a_scale_per_group():
+    grouped = _int8({"activation": {"enabled": False}, "weight": {"q_groups": 4}})
+    assert int8_parts(grouped.module)[1].shape == (6, 4)  # 6 output rows x 4 groups

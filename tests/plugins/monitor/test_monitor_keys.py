@@ -35,6 +35,25 @@ def test_every_comet_key_reaches_comet_ml_start(monkeypatch):
                       "mode": "create", "online": False, "experiment_name": "n"}]
 
 
+def test_comet_samples_log_interval_throttles_each_series(monkeypatch):
+    logged = []
+
+    class ExperimentConfig:
+        def __init__(self, name=None):
+            self.name = name
+
+    def start(**kwargs):
+        return types.SimpleNamespace(
+            log_metric=lambda name, value, step=None: logged.append((name, value, step)),
+            end=lambda: None)
+
+    _stand_in(monkeypatch, "comet_ml", ExperimentConfig=ExperimentConfig, start=start)
+    monitor = MonitorMaster({"comet": {"enabled": True, "samples_log_interval": 10}})
+    monitor.write_events([("loss", 1.0, 4), ("loss", 0.9, 8), ("loss", 0.8, 16)])
+    monitor.close()
+    assert logged == [("loss", 1.0, 4), ("loss", 0.8, 16)]
+
+
 def test_every_wandb_key_reaches_wandb_init(monkeypatch):
     calls = []
 

@@ -93,3 +93,61 @@ def _swap_handle(where, path):
 def test_the_aio_section_configures_the_nvme_swap_handle(dist_pool, tmp_path, where):
     [settings] = dist_pool.run(_swap_handle, world_size=1, args=(where, str(tmp_path)))
     assert settings == dict(AIO, buffer_count=2)  # offload_optimizer.buffer_count too
+
+
+def _masters_after_load(path, from_fp32):
+    import deepspeed
+
+    from zero_models import ds_config, make_model, param_groups, train
+
+    def build():
+        model = make_model()
+        config = dict(ds_config(2, 1, load_from_fp32_weights=from_fp32), bf16={"enabled": True})
+        return deepspeed.initialize(model=model, model_parameters=param_groups(model),
+                                    config=config)[:2]
+
+    engine, optimizer = build()
+    train(engine, 2, 1)
+    engine.save_checkpoint(path, tag="t")
+    saved = [c.detach().clone() for c in optimizer.all_chunks]
+    engine.destroy()
+    engine, optimizer = build()
+    engine.load_checkpoint(path, tag="t")
+    loaded = [c.detach().clone() for c in optimizer.all_chunks]
+    rounded = [c.to(torch.bfloat16).float() for c in saved]
+    engine.destroy()
+    return (all(torch.equal(a, b) for a, b in zip(loaded, saved)),
+            all(torch.equal(a, b) for a, b in zip(loaded, rounded)))
+
+
+def test_load_from_fp32_weights_chooses_the_masters_source(dist_pool, tmp_path):
+    # true: the checkpoint's fp32 masters; false: the model's bf16 weights, rounded
+    [(exact, _)] = dist_pool.run(_masters_after_load, world_size=1,
+                                 args=(str(tmp_path / "fp32"), True))
+    [(_, rounded)] = dist_pool.run(_masters_after_load, world_size=1,
+                                   args=(str(tmp_path / "bf16"), False))
+    assert exact and rounded
+
+
+def _gathered_peak(prefetch):
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(10, 10) for _ in range(6)])
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "stage3_prefetch_bucket_size": prefetch}}
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    for _ in range(3):
+        engine.backward(engine(torch.randn(MICRO, 10)).pow(2).mean())
+        engine.step()
+    peak = engine.plugins.get_plugin("zero").coordinator.gathered_peak
+    engine.destroy()
+    return peak
+
+
+def test_prefetch_bucket_size_bounds_how_far_ahead_parameters_are_gathered(dist_pool):
+    [none_ahead] = dist_pool.run(_gathered_peak, world_size=1, args=(0,))
+    [far_ahead] = dist_pool.run(_gathered_peak, world_size=1, args=(10_000,))
+    assert none_ahead == 110 and far_ahead > none_ahead  # one layer vs several
