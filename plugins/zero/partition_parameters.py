@@ -35,6 +35,7 @@ from deepspeed.hooks import PARAM_STATE_ACCESS
 from deepspeed.utils.patching import PatchSet
 from deepspeed.utils.transient_buffers import transient_empty
 from deepspeed.zero.shard_comm import start_rank_major_gather
+from deepspeed.zero.init_config import nvme_store, zero_section
 from deepspeed.zero.param_access import SHARD_ONLY_ACCESS
 from deepspeed.zero.param_status import ZeroParamStatus
 from deepspeed.zero.torch_patches import (TORCH_FACTORIES, patch_module_apply,
@@ -480,7 +481,7 @@ class Init:
         group = data_parallel_group
         if group is None and mpu is not None:
             group = mpu.get_data_parallel_group()
-        zero = _zero_section(config_dict_or_path if config_dict_or_path is not None else config)
+        zero = zero_section(config_dict_or_path if config_dict_or_path is not None else config)
         if remote_device == "nvme" and zero is None:
             zero = {}
         if zero is not None:  # {} for remote_device "nvme" without a config
@@ -490,7 +491,7 @@ class Init:
             remote_device = zero["offload_device"]
         store = None
         if remote_device == "nvme":
-            store = _nvme_store(zero, pin_memory)
+            store = nvme_store(zero, pin_memory)
         self.dp_process_group = group if group is not None else dist.get_world_group()
         self.partitioner = self._make_partitioner(group, remote_device=remote_device,
                                                   pin_memory=pin_memory, shard_store=store)
@@ -584,46 +585,3 @@ def partition_module(module, partitioner, dtype=None, recurse=True):
             param.data = param.data.to(dtype)
         partitioner.partition(param)
     return module
-
-
-def _nvme_store(zero, pin_memory):
-    """``remote_device="nvme"``: shards go to ``offload_param.nvme_path`` of the config."""
-    from deepspeed.zero.offload.param_store import NVMeShardStore
-
-    offload = (zero or {}).get("offload_param_section") or {}
-    if not offload.get("nvme_path"):
-        raise ValueError("zero.Init(remote_device='nvme') needs config_dict_or_path with "
-                         "zero_optimization.offload_param.nvme_path (where the shards go)")
-    return NVMeShardStore(offload["nvme_path"], dist.get_rank(),
-                          buffer_count=int(offload.get("buffer_count", 5)),
-                          buffer_size=int(float(offload.get("buffer_size", 100_000_000))),
-                          max_in_cpu=int(float(offload.get("max_in_cpu", 1_000_000_000))),
-                          pin_memory=pin_memory)
-
-
-def _zero_section(source):
-    """The few ``zero_optimization`` values ``Init`` needs, from a config dict / path."""
-    if source is None:
-        return None
-    from deepspeed.config import load_config_source
-
-    raw = source.raw if hasattr(source, "raw") else load_config_source(source)
-    zero = raw.get("zero_optimization") or {}
-    if not isinstance(zero, dict):
-        zero = {}
-    dtype = None
-    if (raw.get("bf16") or raw.get("bfloat16") or {}).get("enabled"):
-        dtype = torch.bfloat16
-    elif (raw.get("fp16") or {}).get("enabled"):
-        dtype = torch.float16
-
-    offload = zero.get("offload_param") or {}
-    override = zero.get("override_module_apply", True)
-    if not isinstance(override, bool):
-        raise ValueError(f"zero_optimization.override_module_apply must be true or false, got "
-                         f"{override!r}")
-    return {"dtype": dtype,
-            "offload_device": str(offload.get("device", "none")).lower(),
-            "offload_param_section": offload,
-            "override_module_apply": override}
-

@@ -1,6 +1,7 @@
-"""No committed file points outside the repository or at this machine: no workspace paths
-(/work/...), no sibling checkouts (../shared), no home directories, no test or job scratch
-folders of one machine. A user's clone has none of them."""
+"""No committed file points outside the repository or at this machine: no path into the
+development workspace, no sibling checkout of the spec next to the repository, no home
+directories, no test or job scratch folders of one machine (the patterns are LOCAL_PATH below).
+A user's clone has none of them."""
 import re
 import subprocess
 
