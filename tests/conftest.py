@@ -53,32 +53,50 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
-def install_fixture_package(tmp_path_factory):
-    installed = {}
+def _fixture_package_sites(tmp_path_factory):
+    """{fixture package name: the directory it was pip-installed into}, built once per session."""
+    sites = {}
+
+    def site_of(name):
+        if name not in sites:
+            source = FIXTURES / name
+            if not (source / "pyproject.toml").is_file():
+                raise FileNotFoundError(f"no fixture package at {source}")
+            target = tmp_path_factory.mktemp(f"site-{name}")
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                 "--no-build-isolation", "--target", str(target), str(source)],
+                check=True,
+            )
+            sites[name] = target
+        return sites[name]
+
+    return site_of
+
+
+@pytest.fixture
+def install_fixture_package(_fixture_package_sites, monkeypatch):
+    """Make a fixture package importable and its entry points visible for one test only.
+
+    Installed for the whole session, a third-party op builder or plugin would show up in every
+    later test on the same worker (ds_report rows, the plugin list), so what a test sees would
+    depend on which tests ran before it. The install itself is cached; the visibility is not."""
+    added = []
 
     def install(name):
-        if name in installed:
-            return installed[name]
-        source = FIXTURES / name
-        if not (source / "pyproject.toml").is_file():
-            raise FileNotFoundError(f"no fixture package at {source}")
-        target = tmp_path_factory.mktemp(f"site-{name}")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-             "--target", str(target), str(source)],
-            check=True,
-        )
-        sys.path.insert(0, str(target))
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(target), os.environ.get("PYTHONPATH", "")) if p)
-        importlib.invalidate_caches()
-        installed[name] = target
+        target = _fixture_package_sites(name)
+        if str(target) not in sys.path:
+            monkeypatch.syspath_prepend(str(target))  # also invalidates import caches
+            monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+                p for p in (str(target), os.environ.get("PYTHONPATH", "")) if p))
+            added.append(name)
         return target
 
     yield install
-    for target in installed.values():
-        if str(target) in sys.path:
-            sys.path.remove(str(target))
+    for name in added:
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
+    importlib.invalidate_caches()
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,7 @@ PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def example_site(install_fixture_package):
     return Path(install_fixture_package("ds_example_accelerator"))
 

@@ -42,7 +42,7 @@ def test_the_docs_list_is_the_vendored_one():
 def test_switch_selects_a_builder_listed_with_a_status(switch, builders, report):
     assert switch in builders, f"no registered op builder answers {switch}"
     builder = builders[switch]
-    rows = [i for i, line in enumerate(report) if line.split(".")[0] == builder.NAME]
+    rows = [i for i, line in enumerate(report) if line.split(".")[0].strip() == builder.NAME]
     assert len(rows) == 1, f"ds_report has no single row for {builder.NAME} ({switch})"
     row = report[rows[0]]
     assert row.endswith(("[OKAY]", "[NO]", "[FAIL]")), row

@@ -18,9 +18,9 @@ def plugin_packages():
     """{plugin name: its package (``deepspeed.zero``)} of the plugins shipped in plugins/."""
     found = {}
     for name, spec in installed_plugins().items():
-        package = ".".join(spec.value.split(":")[0].split(".")[:2])
-        if (ROOT / "plugins" / package.split(".")[1]).is_dir():
-            found[name] = package
+        parts = spec.value.split(":")[0].split(".")
+        if parts[0] == "deepspeed" and len(parts) > 1 and (ROOT / "plugins" / parts[1]).is_dir():
+            found[name] = ".".join(parts[:2])
     return found
 
 

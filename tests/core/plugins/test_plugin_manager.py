@@ -8,7 +8,7 @@ from deepspeed.plugin_manager import (DeepSpeedPlugin, PluginCatalog, PluginErro
 BASE = {"train_micro_batch_size_per_gpu": 2}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def example_plugin(install_fixture_package):
     install_fixture_package("ds_example_plugin")
 

@@ -81,8 +81,12 @@ def test_resume_at_the_same_shape_is_bit_identical(dist_pool, tmp_path, world, s
     first = dist_pool.run(_save_then_train, world_size=world,
                           args=(str(tmp_path), stages, optimizer, data, extra))
     files = sorted(os.listdir(tmp_path / TAG))
-    assert [f"layer_{i:02d}-model_states.pt" for i in range(7)] == \
-        [f for f in files if f.startswith("layer_")]
+    layer_files = [f"layer_{i:02d}-model_states.pt" for i in range(7)]
+    assert layer_files == [f for f in files if f.startswith("layer_") and f.endswith(".pt")]
+    sidecars = [f for f in files if f.startswith("layer_") and not f.endswith(".pt")]
+    # safetensors keeps each file's non-tensor skeleton beside it (<file>.state.json)
+    safetensors = extra is ASYNC_SAFETENSORS
+    assert sidecars == ([f + ".state.json" for f in layer_files] if safetensors else [])
     assert {f"mp_rank_{s:02d}_model_states.pt" for s in range(stages)} <= set(files)
     assert (tmp_path / "latest").read_text() == TAG
     for stage in range(stages):
