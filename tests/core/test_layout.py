@@ -64,3 +64,24 @@ def test_folders_map_onto_the_deepspeed_namespace():
     assert Path(deepspeed.__file__).parent == ROOT / "core"
     assert Path(deepspeed.accelerator.__file__).parent == ROOT / "accelerators"
     assert Path(deepspeed.ops.op_builder.__file__).parent == ROOT / "op_builder"
+
+
+TOP_LEVEL = {".ci", ".gitignore", "README.md", "accelerators", "constraints.txt", "core", "csrc",
+             "docs", "examples", "mkdocs.yml", "op_builder", "plugins", "pyproject.toml",
+             "setup.py", "tests", "tools"}
+
+
+def test_the_repository_root_holds_only_the_project():
+    """Monitor output (tb/, csv folders) or a downloaded wheel written into the checkout by a
+    manual run is easy to commit with ``git add -A``; a new top-level entry is added here on
+    purpose or not at all."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert {path.split("/")[0] for path in tracked} - TOP_LEVEL == set()
