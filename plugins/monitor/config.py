@@ -62,8 +62,7 @@ class CometConfig(DeepSpeedConfigModel):
         **dict.fromkeys(("enabled", "project", "workspace", "api_key", "experiment_name",
                          "experiment_key", "online", "mode"),
                         KEYS + "test_every_comet_key_reaches_comet_ml_start"),
-        "samples_log_interval": MASTER + "test_comet_offline_experiment_logs_with_the_sample_"
-                                         "interval",
+        "samples_log_interval": KEYS + "test_comet_samples_log_interval_throttles_each_series",
     }
 
     enabled: bool = False

@@ -40,7 +40,9 @@ class OpRecorder:
     is not counted twice. One recorder may be installed at a time: two would wrap each other."""
 
     _installed = None
-    _lock = threading.Lock()
+    # re-entrant: garbage collection during install may finalize an earlier engine's profiler,
+    # whose uninstall (a no-op then: it is not the installed one) takes the lock again
+    _lock = threading.RLock()
 
     def __init__(self):
         self.frames = []  # per active module: list of (op, flops, macs), or None when ignored

@@ -75,18 +75,20 @@ def test_reduce_scatter_and_multi_rank_allreduce_choose_the_gradient_collective(
 
 def test_allgather_and_bucket_keys_shape_the_collectives(dist_pool, default_run):
     broadcast = dist_pool.run(_run, world_size=2, args=({"allgather_partitions": False},))
-    small = dist_pool.run(_run, world_size=2, args=(
-        {"reduce_bucket_size": 16, "allgather_bucket_size": 16},))
-    for (_, ops, _), (_, cast_ops, _), (_, small_ops, _) in zip(default_run, broadcast, small):
+    small = dist_pool.run(_run, world_size=2, args=({"reduce_bucket_size": 16},))
+    pieces = dist_pool.run(_run, world_size=2, args=({"allgather_bucket_size": 16},))
+    for (_, ops, _), (_, cast_ops, _), (_, small_ops, _), (_, piece_ops, _) in zip(
+            default_run, broadcast, small, pieces):
         gathers = ops.get("all_gather_into_tensor", (0, False))[0]
         assert gathers and "broadcast" not in ops
         assert "broadcast" in cast_ops and "all_gather_into_tensor" not in cast_ops
-        # more buckets (reduce_bucket_size) gathered in more pieces (allgather_bucket_size)
-        assert small_ops["all_gather_into_tensor"][0] > gathers
         scatter = next(op for op in ops if op.startswith("reduce_scatter"))
-        assert small_ops[scatter][0] > ops[scatter][0]
-    _same_math(broadcast, default_run)
-    _same_math(small, default_run)
+        assert small_ops[scatter][0] > ops[scatter][0]  # more, smaller buckets
+        # the same buckets, each gathered in pieces of at most allgather_bucket_size
+        assert piece_ops[scatter][0] == ops[scatter][0]
+        assert piece_ops["all_gather_into_tensor"][0] > gathers
+    for run in (broadcast, small, pieces):
+        _same_math(run, default_run)
 
 
 def test_overlap_comm_makes_the_gradient_collectives_asynchronous(dist_pool, default_run):
