@@ -8,6 +8,7 @@ ds_report) instead of failing deep inside a compiler.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -95,6 +96,45 @@ def _which_cxx():
     """The C++ compiler torch will invoke (CXX or c++), as a path, or None."""
     compiler = os.environ.get("CXX", "c++")
     return shutil.which(compiler.split()[0]) if compiler.strip() else None
+
+
+def _pinned_ninja_dir():
+    """The directory of the ninja that JIT builds must use: the one pip installed with this
+    package (the ``ninja`` distribution, a dependency), else None (whatever ninja PATH finds).
+
+    ninja records a hash of each command in the build directory's ``.ninja_log``, and ninja 1.12
+    changed that hash. With two ninjas on a machine (the virtual environment's and the system's),
+    which one torch runs depends on PATH: a process started as ``.venv/bin/python`` (no
+    activation) gets the system one, a launched rank whose PATH starts with ``.venv/bin`` gets the
+    other, and each then sees every object as built by a different command and recompiles the
+    whole op (async_io: about 100 CPU s) every time the two alternate."""
+    try:
+        import ninja
+    except ImportError:
+        return None
+    directory = getattr(ninja, "BIN_DIR", None)
+    if directory and os.path.isfile(os.path.join(directory, "ninja")):
+        return directory
+    return None
+
+
+@contextlib.contextmanager
+def _ninja_first_on_path():
+    """PATH with the pinned ninja's directory first, for the duration of one build (torch runs
+    ``ninja`` by name through the process environment)."""
+    directory = _pinned_ninja_dir()
+    before = os.environ.get("PATH")
+    if directory is None or (before or "").split(os.pathsep)[0] == directory:
+        yield
+        return
+    os.environ["PATH"] = os.pathsep.join(p for p in (directory, before) if p)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def compiler_version(command):
@@ -279,9 +319,10 @@ class OpBuilder:
             if not os.path.exists(os.path.join(build_dir, "lock")):  # we are about to take it
                 with open(owner, "w") as f:
                     f.write(str(os.getpid()))
-            module = cpp_extension.load(name=self.NAME, sources=sources,
-                                        extra_include_paths=self.absolute_include_paths(),
-                                        build_directory=build_dir, verbose=verbose, **kwargs)
+            with _ninja_first_on_path():
+                module = cpp_extension.load(name=self.NAME, sources=sources,
+                                            extra_include_paths=self.absolute_include_paths(),
+                                            build_directory=build_dir, verbose=verbose, **kwargs)
         except (RuntimeError, OSError, subprocess.SubprocessError) as err:
             flags = " ".join(kwargs.get("extra_cflags", []))
             raise OpBuildError(

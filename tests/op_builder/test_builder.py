@@ -65,7 +65,13 @@ def _built_files(ext_dir, name):
 
 
 def test_jit_build_then_second_load_reuses_the_cache(tmp_path, monkeypatch, fresh_loaded_cache):
+    """Also across PATHs that find different ninjas first (the system's, the virtual
+    environment's): their build logs hash commands differently, so a build must always run the
+    same one or every switch recompiles the op."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    venv_bin = os.path.dirname(sys.executable)
+    system_first = os.pathsep.join(["/usr/bin", "/bin", os.environ.get("PATH", "")])
+    monkeypatch.setenv("PATH", system_first)
     tiny = TinyOpBuilder()
     assert tiny.is_compatible(), tiny.incompatible_reason
     assert not tiny.is_installed()
@@ -82,7 +88,8 @@ def test_jit_build_then_second_load_reuses_the_cache(tmp_path, monkeypatch, fres
         from test_builder import TinyOpBuilder
         print(TinyOpBuilder().load(verbose=False).add(1, 2))
     """)
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path),
+               PATH=os.pathsep.join([venv_bin, system_first]))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
