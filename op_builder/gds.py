@@ -76,7 +76,7 @@ class GDSBuilder(CUDAOpBuilder):
 
     def include_paths(self):
         include, _ = find_cufile()
-        return ["gds"] + ([include] if include else [])
+        return ["gds", "aio"] + ([include] if include else [])  # aio: the shared bindings
 
     def extra_ldflags(self):
         _, library = find_cufile()

@@ -59,6 +59,7 @@ def _compile_inputs():
     return cxx, [include, cuda]
 
 
+@pytest.mark.timeout(900)  # a syntax check of torch's headers: minutes on a loaded 2-core machine
 @pytest.mark.parametrize("source", GDSBuilder().sources())
 def test_sources_compile_where_cufile_headers_are(source):
     """A syntax check against torch's (CPU) headers, the CUDA runtime's and cuFile's: the op uses
