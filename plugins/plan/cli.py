@@ -36,6 +36,9 @@ def parser():
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages the search may use")
     p.add_argument("--no-offload", action="store_true", help="search without CPU offload")
+    p.add_argument("--max-tp", type=int, help="largest tensor-parallel degree to try (default: a node)")
+    p.add_argument("--max-pp", type=int, default=16, help="largest pipeline degree to try")
+    p.add_argument("--max-sp", type=int, default=8, help="largest sequence-parallel degree to try")
     p.add_argument("--top", type=int, default=10, help="rows of the ranked table")
     p.add_argument("--config", help="a DeepSpeed config JSON: plan this layout only")
     p.add_argument("--layout", help="plan this layout only: dp=8,tp=2,zero_stage=3,micro_batch=1,...")
@@ -106,7 +109,8 @@ def main(argv=None):
             stages = tuple(int(s) for s in args.stages.split(","))
             offloads = ("none",) if args.no_offload else ("none", "cpu")
             estimates = search(spec, hw, args.global_batch, top=args.top, stages=stages,
-                               offloads=offloads, precision=args.precision)
+                               offloads=offloads, precision=args.precision, max_tp=args.max_tp,
+                               max_pp=args.max_pp, max_sp=args.max_sp)
     except (ValueError, OSError) as error:
         print(f"ds_plan: error: {error}", file=sys.stderr)
         return 2

@@ -161,6 +161,15 @@ def by_name(collectives: List[Collective]) -> Dict[str, int]:
     return dict(totals)
 
 
+def by_name_and_size(collectives: List[Collective]) -> Dict[str, Dict[int, int]]:
+    """``{collective name: {message size: calls}}`` per step: the comms logger's summary
+    shape (its call counts), for a check call by call rather than in total."""
+    found = defaultdict(Counter)
+    for c in collectives:
+        found[c.name].update(c.sizes)
+    return {name: dict(sizes) for name, sizes in found.items()}
+
+
 def _spans_nodes(layout: Layout, cluster: Cluster, group: str) -> bool:
     """Rank order is tp fastest, then sp, dp, pp (Megatron's): a group crosses nodes when its
     members' span exceeds a node."""

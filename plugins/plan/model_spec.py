@@ -98,7 +98,7 @@ def trace_forward(module: torch.nn.Module, inputs: Sequence[torch.Tensor],
 
     Parameters (and views of them) that autograd saves are not activations and are skipped;
     a tensor saved twice (or two views of one) counts once. With ``flash_seq_len`` a saved
-    ``[..., s, s]`` attention matrix counts as what a fused (flash) attention kernel keeps
+    ``[batch, heads, s, s]`` attention matrix counts as what a fused (flash) attention kernel keeps
     instead: one fp32 statistic per row. On the meta device attention runs its unfused
     reference path, which would otherwise claim the quadratic matrix every real training run
     avoids.
@@ -112,7 +112,7 @@ def trace_forward(module: torch.nn.Module, inputs: Sequence[torch.Tensor],
         base = tensor._base if tensor._base is not None else tensor
         if id(base) not in params and id(tensor) not in params:
             nbytes = base.numel() * base.element_size()
-            if flash_seq_len and base.dim() >= 2 and base.shape[-1] == base.shape[-2] == flash_seq_len:
+            if flash_seq_len and base.dim() == 4 and base.shape[-1] == base.shape[-2] == flash_seq_len:
                 nbytes = base.numel() // flash_seq_len * 4
             saved[id(base)] = (base, nbytes)
         return tensor
