@@ -105,16 +105,19 @@ def trace_forward(module: torch.nn.Module, inputs: Sequence[torch.Tensor],
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    params = {id(p) for p in module.parameters()}
+    params = {p.untyped_storage()._cdata for p in module.parameters()}
     saved = {}
 
     def pack(tensor):
-        base = tensor._base if tensor._base is not None else tensor
-        if id(base) not in params and id(tensor) not in params:
-            nbytes = base.numel() * base.element_size()
-            if flash_seq_len and base.dim() == 4 and base.shape[-1] == base.shape[-2] == flash_seq_len:
-                nbytes = base.numel() // flash_seq_len * 4
-            saved[id(base)] = (base, nbytes)
+        storage = tensor.untyped_storage()  # views of one tensor share it: counted once
+        key = storage._cdata
+        if key not in params:
+            nbytes = storage.nbytes()
+            if flash_seq_len and tensor.dim() == 4 and tensor.shape[-1] == tensor.shape[-2] == flash_seq_len:
+                nbytes = nbytes // flash_seq_len // tensor.element_size() * 4
+            if key in saved:  # saved again through another view: the attention reading wins
+                nbytes = min(nbytes, saved[key][1])
+            saved[key] = (storage, nbytes)  # kept alive: its identity is not reused meanwhile
         return tensor
 
     counter = FlopCounterMode(display=False)
