@@ -20,6 +20,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+from deepspeed.zero import bucket_runs
+
 from deepspeed.plan.cluster import Cluster
 from deepspeed.plan.layout import Layout
 from deepspeed.plan.memory import BYTES_PER_PARAM, rank_params
@@ -63,17 +65,8 @@ class Collective:
 
 
 def _pack(sizes, limit):
-    """Greedy runs of at most ``limit`` (an item larger than that alone): the engine's rule."""
-    runs, current, total = [], [], 0
-    for size in sizes:
-        if current and total + size > limit:
-            runs.append(current)
-            current, total = [], 0
-        current.append(size)
-        total += size
-    if current:
-        runs.append(current)
-    return runs
+    """Runs of at most ``limit`` elements: the engine's own bucket rule, on plain sizes."""
+    return bucket_runs(sizes, limit, size=lambda n: n, kind=lambda n: None)
 
 
 def _shard_numels(spec: ModelSpec, layout: Layout):

@@ -34,6 +34,8 @@ _EXPORTS = {
     "estimate_zero2_model_states_mem_needs": "deepspeed.zero.estimators",
     "estimate_zero3_model_states_mem_needs": "deepspeed.zero.estimators",
     "model_param_counts": "deepspeed.zero.estimators",
+    # the rule ZeRO cuts its buckets by (deepspeed.plan predicts message sizes with it)
+    "bucket_runs": "deepspeed.zero.partition",
 }
 
 __all__ = sorted(_EXPORTS)
