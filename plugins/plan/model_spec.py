@@ -8,7 +8,8 @@ have shapes but no storage, so a 70B model is described in seconds on a laptop.
 
 Activations and FLOPs are *traced*, not guessed from a formula: one forward runs under
 ``torch.autograd.graph.saved_tensors_hooks`` (every tensor autograd keeps for backward) and
-torch's ``FlopCounterMode``. That covers any architecture the module implements, with whatever
+the flops profiler (``deepspeed.profiling.flops_profiler.FlopsProfiler``, which counts on meta
+tensors as well). That covers any architecture the module implements, with whatever
 attention or MLP it has. Large Hugging Face models are traced at one and two layers and
 extrapolated linearly in the layer count (every decoder layer is the same), which keeps
 ``ds_plan`` on a 70B config fast.
@@ -103,7 +104,7 @@ def trace_forward(module: torch.nn.Module, inputs: Sequence[torch.Tensor],
     reference path, which would otherwise claim the quadratic matrix every real training run
     avoids.
     """
-    from torch.utils.flop_counter import FlopCounterMode
+    from deepspeed.profiling import FlopsProfiler
 
     params = {p.untyped_storage()._cdata for p in module.parameters()}
     saved = {}
@@ -120,12 +121,18 @@ def trace_forward(module: torch.nn.Module, inputs: Sequence[torch.Tensor],
             saved[key] = (storage, nbytes)  # kept alive: its identity is not reused meanwhile
         return tensor
 
-    counter = FlopCounterMode(display=False)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counter:
-        out = module(*inputs)
-        if loss_fn is not None:
-            loss_fn(out)
-    return sum(nbytes for _, nbytes in saved.values()), counter.get_total_flops()
+    profiler = FlopsProfiler(module)  # our flops profiler: it counts on meta tensors too
+    profiler.start_profile()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = module(*inputs)
+            if loss_fn is not None:
+                loss_fn(out)
+        profiler.stop_profile()
+        flops = profiler.get_total_flops()
+    finally:
+        profiler.end_profile()
+    return sum(nbytes for _, nbytes in saved.values()), flops
 
 
 def _layer_input_bytes(hidden_size, seq_len, dtype_bytes):

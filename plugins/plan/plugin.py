@@ -5,7 +5,9 @@ from deepspeed.plugin_manager import DeepSpeedPlugin
 
 
 class PlanPlugin(DeepSpeedPlugin):
-    depends_on = ("zero",)  # deepspeed.plan.memory calls the ZeRO model-state estimators
+    # deepspeed.plan.memory calls the ZeRO model-state estimators and its bucket rule;
+    # deepspeed.plan.model_spec counts FLOPs with the flops profiler
+    depends_on = ("zero", "flops_profiler")
     enabled_by = "never: ds_plan and deepspeed.plan run without an engine"
 
     def is_enabled(self, config, sections):

@@ -29,7 +29,8 @@ def test_trace_on_meta_equals_trace_on_real_tensors():
     # saved for backward: the first Linear's input (3x16), its output (GELU's input, 3x32),
     # GELU's output (the second Linear's input, 3x32); the weights are not activations
     assert real[0] == (3 * 16 + 3 * 32 + 3 * 32) * 4
-    assert real[1] == 2 * 3 * (16 * 32 + 32 * 4)  # two FLOPs per multiply-add
+    # the flops profiler: two FLOPs per multiply-add of the Linears, one per GELU element
+    assert real[1] == 2 * 3 * (16 * 32 + 32 * 4) + 3 * 32
 
 
 def test_transformers_config_extrapolates_to_the_whole_model():
