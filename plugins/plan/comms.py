@@ -12,8 +12,9 @@ of ``dp``) and all-gather the updated pieces (in chunks when a bucket exceeds
 elements whole (one all-gather refreshes them after the step) and gathers each other
 parameter's shards before its forward and again before its backward, then reduce-scatters
 runs of shards. Model-parallel traffic follows the published schemes: Megatron tensor
-parallelism (two all-reduces of the layer output per layer and direction), pipeline p2p of
-one activation per micro-batch and direction, MoE's two all-to-alls per expert layer and
+parallelism (two all-reduces of the layer output per layer and direction), our pipeline
+engine's p2p of one activation per micro-batch and direction plus its per-step status and loss
+messages, MoE's two all-to-alls per expert layer and
 direction, Ulysses' four all-to-alls per attention layer and direction.
 """
 from collections import Counter, defaultdict
@@ -131,8 +132,17 @@ def model_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
     if layout.tp > 1:
         found.append(Collective("all_reduce", "tensor", layout.tp).add(hidden, 4 * layers * micro))
     if layout.pp > 1:
-        found.append(Collective("send", "pipe", 2).add(hidden, 2 * micro))
-        found.append(Collective("recv", "pipe", 2).add(hidden, 2 * micro))
+        # per micro-batch a stage receives its input and sends its output forward, and the
+        # gradients back: the first and last stage one of each, a middle stage two
+        hops = 1 if layout.pp == 2 else 2
+        found.append(Collective("send", "pipe", 2).add(hidden, hops * micro))
+        found.append(Collective("recv", "pipe", 2).add(hidden, hops * micro))
+        # per step: the stages agree the batch is there (an int64 status), the last stage
+        # broadcasts the fp32 loss (averaged over data-parallel replicas first)
+        found.append(Collective("all_reduce", "pipe", layout.pp).add(8))
+        found.append(Collective("broadcast", "pipe", layout.pp).add(4))
+        if layout.dp > 1:
+            found.append(Collective("all_reduce", "data", layout.dp).add(4))
     if layout.ep > 1 and spec.num_experts > 1:
         routed = hidden * spec.experts_per_token // layout.tp
         found.append(Collective("all_to_all_single", "expert", layout.ep).add(routed, 4 * layers * micro))

@@ -110,6 +110,64 @@ def validation_config(zero):
             "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "zero_optimization": zero}
 
 
+PIPELINE_MICRO, PIPELINE_ACCUM, PIPELINE_HIDDEN = 2, 3, 32
+
+
+def pipeline_layers():
+    from deepspeed.pipe import LayerSpec
+
+    width = PIPELINE_HIDDEN
+    return [LayerSpec(torch.nn.Linear, 16, width), LayerSpec(torch.nn.Tanh),
+            LayerSpec(torch.nn.Linear, width, width), LayerSpec(torch.nn.Tanh),
+            LayerSpec(torch.nn.Linear, width, 4)]
+
+
+def measure_pipeline(steps=2):
+    """``{collective: {size: calls}}`` of the last ``train_batch`` of a two-stage pipeline
+    (``PIPELINE_ACCUM`` micro-batches of ``PIPELINE_MICRO`` samples, fp32)."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    torch.manual_seed(0)
+    model = PipelineModule(pipeline_layers(), num_stages=2, loss_fn=torch.nn.MSELoss())
+    config = {"train_micro_batch_size_per_gpu": PIPELINE_MICRO,
+              "gradient_accumulation_steps": PIPELINE_ACCUM,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "comms_logger": {"enabled": True, "prof_all": True}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
+                                      config=config)
+
+    def batches():
+        while True:
+            yield torch.randn(PIPELINE_MICRO, 16), torch.randn(PIPELINE_MICRO, 4)
+
+    data = batches()
+    try:
+        for _ in range(steps - 1):
+            engine.train_batch(data)  # the first step also sends the activations' shapes
+        before = _logged_calls()
+        engine.train_batch(data)
+        return _difference(_logged_calls(), before)
+    finally:
+        engine.destroy()
+
+
+def pipeline_plan():
+    """The planner's ``{collective: {size: calls}}`` for ``measure_pipeline``: the hidden
+    width crossing the stage boundary is the model's, one token per sample."""
+    from deepspeed.plan.comms import by_name_and_size, per_step
+    from deepspeed.plan.layout import Layout
+    from deepspeed.plan.model_spec import from_module
+
+    with torch.device("meta"):
+        module = torch.nn.Sequential(*(spec.build() for spec in pipeline_layers()))
+        spec = from_module(module, (torch.randn(1, 16),), name="pipe-mlp", num_layers=2,
+                           hidden_size=PIPELINE_HIDDEN, seq_len=1)
+    layout = Layout(dp=1, pp=2, micro_batch=PIPELINE_MICRO, grad_accum=PIPELINE_ACCUM,
+                    precision="fp32")
+    return by_name_and_size(per_step(spec, layout))
+
+
 def measure_validation_set(memory_runs=3):
     """On each rank: ``{case: ({collective: {size: calls}} in the last step, peak tracked
     bytes)}``.
@@ -125,6 +183,7 @@ def measure_validation_set(memory_runs=3):
                                random_batch((VALIDATION_BATCH, VALIDATION_WIDTH)))
                    for _ in range(runs)]
         found[name] = (results[0][0], statistics.median(peak for _, peak in results))
+    found["pipeline pp2"] = (measure_pipeline(), None)
     return found
 
 
