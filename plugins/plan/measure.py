@@ -168,6 +168,56 @@ def pipeline_plan():
     return by_name_and_size(per_step(spec, layout))
 
 
+TP_LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=32, attention_bias=False, mlp_bias=False)
+TP_MICRO, TP_SEQ = 2, 8
+
+
+def measure_tensor_parallel(steps=2):
+    """``{collective: {size: calls}}`` of the last step of a tiny Llama split over two
+    tensor-parallel ranks by ``deepspeed.tp_model_init`` (fp32)."""
+    import deepspeed
+    from deepspeed.utils import groups
+    from transformers import AutoModelForCausalLM
+
+    from deepspeed.plan.model_spec import hf_config
+
+    previous = groups.mpu  # tp_model_init registers its unit process-wide: put it back
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(hf_config(TP_LLAMA)).float()
+        model = deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32)
+        config = {"train_micro_batch_size_per_gpu": TP_MICRO,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                  "tensor_parallel": {"autotp_size": 2},
+                  "comms_logger": {"enabled": True, "prof_all": True}}
+        engine, *_ = deepspeed.initialize(model=model, config=config,
+                                          model_parameters=model.parameters())
+        try:
+            for step in range(steps):
+                ids = torch.randint(0, TP_LLAMA["vocab_size"], (TP_MICRO, TP_SEQ))
+                before = _logged_calls()
+                engine.backward(engine(input_ids=ids, labels=ids).loss)
+                engine.step()
+            return _difference(_logged_calls(), before)
+        finally:
+            engine.destroy()
+    finally:
+        groups.set_mpu(previous)
+
+
+def tensor_parallel_plan():
+    """The planner's ``{collective: {size: calls}}`` for ``measure_tensor_parallel``."""
+    from deepspeed.plan.comms import by_name_and_size, per_step
+    from deepspeed.plan.layout import Layout
+    from deepspeed.plan.model_spec import from_transformers
+
+    spec = from_transformers(TP_LLAMA, seq_len=TP_SEQ)
+    layout = Layout(dp=1, tp=2, micro_batch=TP_MICRO, precision="fp32")
+    return by_name_and_size(per_step(spec, layout))
+
+
 def measure_validation_set(memory_runs=3):
     """On each rank: ``{case: ({collective: {size: calls}} in the last step, peak tracked
     bytes)}``.
@@ -184,6 +234,7 @@ def measure_validation_set(memory_runs=3):
                    for _ in range(runs)]
         found[name] = (results[0][0], statistics.median(peak for _, peak in results))
     found["pipeline pp2"] = (measure_pipeline(), None)
+    found["tensor tp2"] = (measure_tensor_parallel(), None)
     return found
 
 

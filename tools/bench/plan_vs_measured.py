@@ -4,7 +4,7 @@ validation set on two gloo ranks: prints the markdown table kept in docs/dev/ben
     python tools/bench/plan_vs_measured.py
 """
 from deepspeed.plan.measure import (MEMORY_CASES, VALIDATION_CASES, measure_validation_set,
-                                    pipeline_plan, validation_plan)
+                                    pipeline_plan, tensor_parallel_plan, validation_plan)
 from deepspeed.testing.distributed import run_distributed
 
 
@@ -26,11 +26,13 @@ def main():
                 memory = ["", "not measurable (ZeRO-3 frees in place)", ""]
             print(f"| {name if i == 0 else ''} | `{op}` | {planned.get(op, {})} | {logged} | "
                   + " | ".join(memory) + " |")
-    planned = pipeline_plan()
-    for i, op in enumerate(sorted(set(planned) | set(ranks[0]["pipeline pp2"][0]))):
-        logged = "; ".join(str(r["pipeline pp2"][0].get(op, {})) for r in ranks)
-        print(f"| {'pipeline pp2 (ga 3)' if i == 0 else ''} | `{op}` | {planned.get(op, {})} | "
-              f"{logged} | | not measured | |")
+    for case, title, plan in (("pipeline pp2", "pipeline pp2 (ga 3)", pipeline_plan),
+                              ("tensor tp2", "tensor tp2 (tiny Llama)", tensor_parallel_plan)):
+        planned = plan()
+        for i, op in enumerate(sorted(set(planned) | set(ranks[0][case][0]))):
+            logged = "; ".join(str(r[case][0].get(op, {})) for r in ranks)
+            print(f"| {title if i == 0 else ''} | `{op}` | {planned.get(op, {})} | {logged} | "
+                  f"| not measured | |")
 
 
 if __name__ == "__main__":

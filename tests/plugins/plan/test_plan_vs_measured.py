@@ -1,13 +1,13 @@
 """The planner against real 2-rank runs of our engine on this machine: every collective's
 calls per step, message size by message size, equal the comms logger's exactly (ZeRO stages 0-3, default and small buckets, mixed
-persistent/gathered ZeRO-3 parameters; a two-stage pipeline), and the predicted peak is within 15% of the measured
+persistent/gathered ZeRO-3 parameters; a two-stage pipeline; a tiny Llama over two tensor-parallel ranks), and the predicted peak is within 15% of the measured
 peak of tracked tensor memory. One pool run trains every case; the tests read its result."""
 import pytest
 
 from deepspeed.plan import Layout, layout_from_config
 from deepspeed.plan.measure import (MEMORY_CASES, VALIDATION_BATCH, VALIDATION_CASES,
-                                    measure_validation_set, pipeline_plan, validation_config,
-                                    validation_plan)
+                                    measure_validation_set, pipeline_plan,
+                                    tensor_parallel_plan, validation_config, validation_plan)
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,14 @@ def test_pipeline_p2p_status_and_loss_messages_equal_the_comms_logger(measured):
     for rank, results in enumerate(measured):
         logged, _ = results["pipeline pp2"]
         assert logged == expected, f"rank {rank} pp2: logged {logged}, planned {expected}"
+
+
+def test_tensor_parallel_all_reduces_equal_the_comms_logger(measured):
+    expected = tensor_parallel_plan()
+    assert expected == {"all_reduce": {2 * 8 * 32 * 4: 8}}  # micro x seq x hidden x fp32, 4 per layer
+    for rank, results in enumerate(measured):
+        logged, _ = results["tensor tp2"]
+        assert logged == expected, f"rank {rank} tp2: logged {logged}, planned {expected}"
 
 
 @pytest.mark.parametrize("name", MEMORY_CASES)
