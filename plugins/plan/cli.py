@@ -80,9 +80,11 @@ def _parse_layout(text):
         if key not in Layout.__dataclass_fields__:
             raise ValueError(f"--layout: unknown key {key!r} (allowed: "
                              f"{', '.join(Layout.__dataclass_fields__)})")
-        kind = Layout.__dataclass_fields__[key].type
-        kind = kind if isinstance(kind, type) else eval(kind)  # annotations are plain names
-        values[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        kind = Layout.__dataclass_fields__[key].type  # int, str or bool
+        try:
+            values[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        except ValueError:
+            raise ValueError(f"--layout: {key}={value!r} is not a {kind.__name__}") from None
     return Layout(**values)
 
 

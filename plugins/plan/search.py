@@ -109,8 +109,8 @@ def layouts(spec: ModelSpec, cluster: Cluster, global_batch: int, precision: str
                         if per_rank % mb or (pp > 1 and stage > 1) or (offload != "none" and stage == 0) \
                                 or (dp == 1 and stage > 0 and offload == "none"):
                             continue  # unsupported, or (dp 1) the same as stage 0
-                        params = ("cpu" if offload != "none" and stage == 3 else "none",)
-                        for offload_param in set(params) | {"none"}:
+                        param_offloads = ("none", "cpu") if stage == 3 and offload == "cpu" else ("none",)
+                        for offload_param in param_offloads:
                             yield Layout(dp=dp, tp=tp, pp=pp, sp=sp, ep=ep, zero_stage=stage,
                                          offload_optimizer=offload, offload_param=offload_param,
                                          micro_batch=mb, grad_accum=per_rank // mb,

@@ -33,6 +33,22 @@ def test_trace_on_meta_equals_trace_on_real_tensors():
     assert real[1] == 2 * 3 * (16 * 32 + 32 * 4) + 3 * 32
 
 
+def module_and_inputs():
+    """What ``ds_plan --model test_plan_model_and_memory:module_and_inputs`` calls."""
+    return mlp(), (torch.randn(1, 16),)
+
+
+def test_module_function_is_built_on_meta():
+    from deepspeed.plan import load_model
+
+    spec = load_model(f"{__name__}:module_and_inputs")
+    assert spec.total_params == 16 * 32 + 32 + 32 * 4 + 4
+    assert spec.param_numels == (16 * 32, 32, 32 * 4, 4)
+    assert spec.activation_bytes == (16 + 32 + 32) * 4
+    with pytest.raises(ValueError, match="has no 'missing'"):
+        load_model(f"{__name__}:missing")
+
+
 def test_transformers_config_extrapolates_to_the_whole_model():
     from transformers import AutoModelForCausalLM
 
