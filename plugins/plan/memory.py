@@ -152,9 +152,9 @@ def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
     if layout.zero_stage == 0:
         return {"flat all-reduce": count * gb}
     buffers = {"reduce bucket": min(layout.reduce_bucket_size, count) * gb}
-    if layout.zero_stage in (1, 2):
-        # a bucket's reduced piece lands in a fresh buffer whenever its gradient partition
-        # already holds something (gradient accumulation, the step after a skipped one)
+    if layout.zero_stage in (1, 2) and layout.grad_accum > 1:
+        # a bucket's reduced piece lands in a fresh buffer when its gradient partition already
+        # holds something: every reduction after the first of an accumulation
         buffers["receive piece"] = -(-min(layout.reduce_bucket_size, count) // layout.dp) * gb
     if layout.zero_stage == 3:
         buffers["prefetch"] = min(layout.prefetch_bucket_size, count) * wb
