@@ -47,17 +47,17 @@ def parser():
     return p
 
 
-def _gib(value):
-    return f"{value / GB:.1f}"
-
-
-def _row(index, e):
+def _row(index, e, unit):
     m = e.memory
     comm = sum(by_name(e.collectives).values())
+
+    def size(value):
+        return f"{value / unit:.1f}"
+
     return [str(index), e.layout.label(), f"{e.layout.micro_batch}x{e.layout.grad_accum}",
-            _gib(m.params), _gib(m.grads), _gib(m.optimizer), _gib(m.model_states),
-            _gib(m.activations), _gib(sum(m.buffers.values())), _gib(m.peak), _gib(m.host),
-            _gib(comm), f"{e.step_s:.2f}", f"{e.tokens_per_s:,.0f}"]
+            size(m.params), size(m.grads), size(m.optimizer), size(m.model_states),
+            size(m.activations), size(sum(m.buffers.values())), size(m.peak), size(m.host),
+            size(comm), f"{e.step_s:.3g}", f"{e.tokens_per_s:,.0f}"]
 
 
 HEADER = ["#", "layout", "mbxga", "params", "grads", "optim", "states", "activ", "buffers",
@@ -65,12 +65,14 @@ HEADER = ["#", "layout", "mbxga", "params", "grads", "optim", "states", "activ",
 
 
 def render(estimates):
-    rows = [HEADER] + [_row(i + 1, e) for i, e in enumerate(estimates)]
+    """The ranked table, sizes in GiB (MiB when every peak is below one GiB)."""
+    unit, name = (GB, "GiB") if max(e.memory.peak for e in estimates) >= GB else (2**20, "MiB")
+    rows = [HEADER] + [_row(i + 1, e, unit) for i, e in enumerate(estimates)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(HEADER))]
     lines = ["  ".join(cell.rjust(w) if c != 1 else cell.ljust(w)
                        for c, (cell, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines) + "\n(memory per rank in GiB; comm: GiB logged per rank per step)"
+    return "\n".join(lines) + f"\n(memory per rank in {name}; comm: {name} logged per rank per step)"
 
 
 def _parse_layout(text):
