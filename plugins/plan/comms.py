@@ -110,6 +110,8 @@ def data_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
     gather = Collective("all_gather_into_tensor", "data", n)
     persistent = [s for s, numel in zip(shards, numels) if numel < layout.param_persistence_threshold]
     gathered = [s for s, numel in zip(shards, numels) if numel >= layout.param_persistence_threshold]
+    # one gather per parameter: the engine gathers a module's parameters in one call, so the
+    # bytes agree always and the call counts when each module has one gathered parameter
     for shard in gathered:  # before each forward, again before each backward
         gather.add(shard * wb, 2 * layout.grad_accum)
     if persistent:
