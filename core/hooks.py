@@ -631,6 +631,11 @@ class Engine(Protocol):
     def step(self, **kwargs: Any) -> None:
         """At the accumulation boundary: unscale, clip, step the optimizer and scheduler."""
 
+    def destroy(self) -> None:
+        """Undo everything the engine registered process-wide (hooks, patches, topology): a
+        plugin that builds engines of its own (``deepspeed.plan.measure`` measuring real runs)
+        ends them with it."""
+
     def allreduce_gradients(self) -> None:
         """The core's data-parallel gradient average (what no ``deepspeed_reduce_gradients``
         implementation took over)."""

@@ -29,6 +29,13 @@ _EXPORTS = {
     "estimate_zero2_model_states_mem_needs_all_cold": "deepspeed.zero.estimators",
     "estimate_zero3_model_states_mem_needs_all_live": "deepspeed.zero.estimators",
     "estimate_zero3_model_states_mem_needs_all_cold": "deepspeed.zero.estimators",
+    # the per-process figures behind those tables and the parameter count they use (read by
+    # deepspeed.plan, so that its model-state numbers are the estimators' own)
+    "estimate_zero2_model_states_mem_needs": "deepspeed.zero.estimators",
+    "estimate_zero3_model_states_mem_needs": "deepspeed.zero.estimators",
+    "model_param_counts": "deepspeed.zero.estimators",
+    # the rule ZeRO cuts its buckets by (deepspeed.plan predicts message sizes with it)
+    "bucket_runs": "deepspeed.zero.partition",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -154,7 +154,7 @@ def shard_runs(layouts, bucket_size):
     """Group ZeRO-3's one-parameter buckets into ``ShardRun``s of at most ``bucket_size``
     elements (a larger parameter gets a run of its own)."""
     return [ShardRun(run) for layout in layouts
-            for run in _pack(layout.buckets, max(int(bucket_size), 1), size=lambda b: b.padded)]
+            for run in bucket_runs(layout.buckets, max(int(bucket_size), 1), size=lambda b: b.padded)]
 
 
 @dataclass
@@ -167,14 +167,19 @@ class GroupLayout:
         return [p for bucket in self.buckets for p in bucket.params]
 
 
-def _pack(items, bucket_size, size=lambda p: p.numel()):
-    """Split ``items`` (parameters, or ZeRO-3's buckets) into runs of one dtype/device of at
-    most ``bucket_size`` elements (an item larger than that gets a run of its own)."""
+def _kind(item):
+    return item.dtype, item.device
+
+
+def bucket_runs(items, bucket_size, size=lambda p: p.numel(), kind=_kind):
+    """Split ``items`` (parameters, ZeRO-3's buckets, checkpoint keys...) into consecutive
+    runs of one ``kind`` (dtype and device) of at most ``bucket_size`` (an item larger than
+    that gets a run of its own). The one rule every ZeRO bucket is cut by; ``deepspeed.plan``
+    calls it too, so predicted message sizes cannot drift from the engine's."""
     runs, current, total = [], [], 0
     for item in items:
         fits = total + size(item) <= bucket_size
-        same_kind = not current or (current[-1].dtype == item.dtype
-                                    and current[-1].device == item.device)
+        same_kind = not current or kind(current[-1]) == kind(item)
         if current and not (fits and same_kind):
             runs.append(current)
             current, total = [], 0
@@ -196,7 +201,7 @@ def build_layout(param_groups, world_size, bucket_size):
     layouts = []
     for index, (params, world_size) in enumerate(zip(param_groups, sizes)):
         buckets, partition_offset = [], 0
-        for run in _pack(list(reversed(params)), bucket_size):
+        for run in bucket_runs(list(reversed(params)), bucket_size):
             offsets, numel = [], 0
             for param in run:
                 offsets.append(numel)

@@ -1,0 +1,115 @@
+"""Model-parallel scenarios for the planner's check against real runs: a two-stage pipeline
+and a tiny Llama over two tensor-parallel ranks. They drive the pipeline engine's
+``train_batch`` and ``tp_model_init`` as a user script does, which is why they live with the
+tests rather than in ``deepspeed.plan`` (a plugin package uses only the engine members
+``deepspeed.hooks.Engine`` declares). ``tools/bench/plan_vs_measured.py`` imports them too."""
+import torch
+
+from deepspeed.plan.measure import calls_between, logged_calls
+
+PIPELINE_MICRO, PIPELINE_ACCUM, PIPELINE_HIDDEN = 2, 3, 32
+
+
+def pipeline_layers():
+    from deepspeed.pipe import LayerSpec
+
+    width = PIPELINE_HIDDEN
+    return [LayerSpec(torch.nn.Linear, 16, width), LayerSpec(torch.nn.Tanh),
+            LayerSpec(torch.nn.Linear, width, width), LayerSpec(torch.nn.Tanh),
+            LayerSpec(torch.nn.Linear, width, 4)]
+
+
+def measure_pipeline(steps=2):
+    """``{collective: {size: calls}}`` of the last ``train_batch`` of a two-stage pipeline
+    (``PIPELINE_ACCUM`` micro-batches of ``PIPELINE_MICRO`` samples, fp32)."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    torch.manual_seed(0)
+    model = PipelineModule(pipeline_layers(), num_stages=2, loss_fn=torch.nn.MSELoss())
+    config = {"train_micro_batch_size_per_gpu": PIPELINE_MICRO,
+              "gradient_accumulation_steps": PIPELINE_ACCUM,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "comms_logger": {"enabled": True, "prof_all": True}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
+                                      config=config)
+
+    def batches():
+        while True:
+            yield torch.randn(PIPELINE_MICRO, 16), torch.randn(PIPELINE_MICRO, 4)
+
+    data = batches()
+    try:
+        for _ in range(steps - 1):
+            engine.train_batch(data)  # the first step also sends the activations' shapes
+        before = logged_calls()
+        engine.train_batch(data)
+        return calls_between(logged_calls(), before)
+    finally:
+        engine.destroy()
+
+
+def pipeline_plan():
+    """The planner's ``{collective: {size: calls}}`` for ``measure_pipeline``: the hidden
+    width crossing the stage boundary is the model's, one token per sample."""
+    from deepspeed.plan.comms import by_name_and_size, per_step
+    from deepspeed.plan.layout import Layout
+    from deepspeed.plan.model_spec import from_module
+
+    with torch.device("meta"):
+        module = torch.nn.Sequential(*(spec.build() for spec in pipeline_layers()))
+        spec = from_module(module, (torch.randn(1, 16),), name="pipe-mlp", num_layers=2,
+                           hidden_size=PIPELINE_HIDDEN, seq_len=1)
+    layout = Layout(dp=1, pp=2, micro_batch=PIPELINE_MICRO, grad_accum=PIPELINE_ACCUM,
+                    precision="fp32")
+    return by_name_and_size(per_step(spec, layout))
+
+
+TP_LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=32, attention_bias=False, mlp_bias=False)
+TP_MICRO, TP_SEQ = 2, 8
+
+
+def measure_tensor_parallel(steps=2):
+    """``{collective: {size: calls}}`` of the last step of a tiny Llama split over two
+    tensor-parallel ranks by ``deepspeed.tp_model_init`` (fp32)."""
+    import deepspeed
+    from deepspeed.utils import groups
+    from transformers import AutoModelForCausalLM
+
+    from deepspeed.plan.model_spec import hf_config
+
+    previous = groups.mpu  # tp_model_init registers its unit process-wide: put it back
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(hf_config(TP_LLAMA)).float()
+        model = deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32)
+        config = {"train_micro_batch_size_per_gpu": TP_MICRO,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                  "tensor_parallel": {"autotp_size": 2},
+                  "comms_logger": {"enabled": True, "prof_all": True}}
+        engine, *_ = deepspeed.initialize(model=model, config=config,
+                                          model_parameters=model.parameters())
+        try:
+            for step in range(steps):
+                ids = torch.randint(0, TP_LLAMA["vocab_size"], (TP_MICRO, TP_SEQ))
+                before = logged_calls()
+                engine.backward(engine(input_ids=ids, labels=ids).loss)
+                engine.step()
+            return calls_between(logged_calls(), before)
+        finally:
+            engine.destroy()
+    finally:
+        groups.set_mpu(previous)
+
+
+def tensor_parallel_plan():
+    """The planner's ``{collective: {size: calls}}`` for ``measure_tensor_parallel``."""
+    from deepspeed.plan.comms import by_name_and_size, per_step
+    from deepspeed.plan.layout import Layout
+    from deepspeed.plan.model_spec import from_transformers
+
+    spec = from_transformers(TP_LLAMA, seq_len=TP_SEQ)
+    layout = Layout(dp=1, tp=2, micro_batch=TP_MICRO, precision="fp32")
+    return by_name_and_size(per_step(spec, layout))
