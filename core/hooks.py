@@ -793,6 +793,14 @@ GRADIENT_NORM_GROUP = "ds_gradient_norm_group"
 #: of the checkpoint's group (this rank's experts). Universal loaders read tensors by this name.
 UNIVERSAL_CHECKPOINT_NAME = "ds_universal_checkpoint_name"
 
+#: Set (to ``(dim, parts, index)``) on a parameter that this rank holds one piece of: the whole
+#: tensor cut along ``dim`` into ``parts`` pieces, the first ``size % parts`` of them one row
+#: longer, of which this is piece ``index`` (a tensor-parallel slice). Saving records it per
+#: parameter name (``param_slices`` in the model-states file), so ``ds_to_universal`` can join
+#: the pieces into the whole tensor a universal checkpoint stores; universal loaders cut this
+#: rank's piece out of the whole tensor again, so a checkpoint saved at one split loads at any.
+UNIVERSAL_CHECKPOINT_SLICE = "ds_universal_checkpoint_slice"
+
 
 #: The attribute through which a plugin that partitions a parameter's training state answers
 #: ``deepspeed.utils.safe_get_*`` / ``safe_set_*`` for it (a ``ParamStateAccess``); a
@@ -852,5 +860,5 @@ __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + 
     "CommsLogger",
     "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP",
     "ParallelDim", "ParallelMesh",
-    "GRADIENT_NORM_GROUP", "UNIVERSAL_CHECKPOINT_NAME",
+    "GRADIENT_NORM_GROUP", "UNIVERSAL_CHECKPOINT_NAME", "UNIVERSAL_CHECKPOINT_SLICE",
     "protocol_members", "check_implements"]

@@ -106,7 +106,8 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     if os.path.abspath(checkpoint_dir) in (output_folder, out_dir):
         raise ValueError(f"--output_folder '{output_folder}' must differ from the input")
     model_states = load_file(os.path.join(checkpoint_dir, model_states_filename(0)))
-    if model_states.get(fp32_script.PIPELINE_STAGES) is not None:
+    if model_states.get(fp32_script.PIPELINE_STAGES) is not None or \
+            int(model_states.get("mp_world_size") or 1) > 1:  # pipeline or tensor parallel
         if model_states.get(moe.MOE_STATE_KEY) is not None:
             raise CheckpointFormatError("pipeline checkpoints with MoE layers do not convert")
         return convert_pipeline(checkpoint_dir, tag, output_folder, model_states,
