@@ -9,7 +9,10 @@ read on its own, as ``zero_to_fp32`` does (without ZeRO, from the torch optimize
 model-states file), and the results merged under the PipelineModule's global names
 (``3.weight``, ``tied_modules.<key>.weight``; a tied weight, held by every stage using it, is
 taken once, from the first), the param groups group by group: the universal checkpoint is then
-the one a single-stage model with those names would have produced.
+the one a single-stage model with those names would have produced. A tensor-parallel
+checkpoint (pipeline or not) has one model-states file per model-parallel rank (``stage * tp +
+tensor rank``); each is read as a part and the tensor ranks of a stage joined first
+(``deepspeed.zero.ds_to_universal_tp``).
 """
 import os
 import re
