@@ -162,7 +162,7 @@ def universal_names(module):
 def check_group_names(checkpoint_dir, saved_groups, mine, partial):
     """Each optimizer group's parameter names (universal names) must be the checkpoint
     group's; a group marked ``partial`` (parameters declaring ``UNIVERSAL_CHECKPOINT_NAME``:
-    this rank's share of the experts) may hold a part of it."""
+    this rank's share of the experts, a pipeline stage's layers) may hold a part of it."""
     problem = len(saved_groups) != len(mine)
     for saved, names, part in zip(saved_groups, mine, partial):
         if problem:
