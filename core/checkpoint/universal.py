@@ -21,7 +21,9 @@ UNIVERSAL_CHECKPOINT_SLICE``, a tensor-parallel slice) cuts its piece out when l
 (``load_param_state(..., piece=)``), so one checkpoint loads at any split.
 Frozen parameters have only ``fp32.pt``. ``universal_checkpoint_info.pt`` holds::
 
-    format, format_version, tag, source {zero_stage, dp_world_size, ds_version},
+    format, format_version, tag, source {zero_stage, dp_world_size, ds_version, and for a
+                                         pipeline or tensor-parallel source pipeline_stages,
+                                         tensor_parallel_size},
     group_params   [[names] per optimizer param group]
     param_shapes   {name: [sizes]} (trainable)
     frozen_param_shapes {name: [sizes]}
