@@ -40,8 +40,10 @@ MoE checkpoints (``moe_checkpoint`` in the model-states file: experts in files o
 convert too, saved with ZeRO 1/2 (expert param groups partitioned over their
 expert-data-parallel group) or without ZeRO (optimizer state per expert-parallel rank)
 (``deepspeed.zero.ds_to_universal_moe``): the result holds every expert under the global names
-of the model with ``ep_size`` 1, and loads into such a model. ZeRO-3, frozen experts and
-pipelines with MoE layers are refused.
+of the model with ``ep_size`` 1, and loads into such a model. Inside a pipeline each stage's
+experts convert the same way (the layout records the stage's data-parallel ranks), saved with
+ZeRO-1 or with ``ep_size`` 1. ZeRO-3, frozen experts, MoE under tensor parallelism and a
+pipeline's experts split over ranks without ZeRO are refused.
 """
 import argparse
 import os
@@ -112,8 +114,6 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     model_states = load_file(os.path.join(checkpoint_dir, model_states_filename(0)))
     if model_states.get(fp32_script.PIPELINE_STAGES) is not None or \
             int(model_states.get("mp_world_size") or 1) > 1:  # pipeline or tensor parallel
-        if model_states.get(moe.MOE_STATE_KEY) is not None:
-            raise CheckpointFormatError("pipeline checkpoints with MoE layers do not convert")
         return convert_pipeline(checkpoint_dir, tag, output_folder, model_states,
                                 num_extract_workers, num_merge_workers, keep_temp_folder,
                                 strict, inject_missing_state)

@@ -20,26 +20,31 @@ def moe_plan(model_states, world):
     if moe is None:
         return None
     saved_world = int(moe.get("world_size", world))
-    if saved_world != world:
-        raise CheckpointFormatError(f"the MoE layout was saved by {saved_world} ranks and the "
-                                    f"ZeRO files by {world}: the files are from different saves")
+    # the global ranks whose ZeRO files these are (a pipeline stage's data-parallel ranks)
+    ranks = [int(r) for r in moe.get("data_parallel_ranks") or range(saved_world)]
+    if len(ranks) != world:
+        raise CheckpointFormatError(f"the MoE layout was saved by {len(ranks)} data-parallel "
+                                    f"ranks and the ZeRO files by {world}: the files are from "
+                                    f"different saves")
     plan = []
     for index, layer in enumerate(moe["layers"]):
         ep = int(layer["ep_size"])
         if ep == 1:
             continue  # experts replicated like dense weights: global names already
         num_experts = int(layer["num_experts"])
-        ep_ranks = list(layer.get("expert_parallel_ranks") or [r % ep for r in range(world)])
+        ep_ranks = list(layer.get("expert_parallel_ranks") or
+                        [r % ep for r in range(saved_world)])
         edp_ranks = list(layer.get("expert_data_parallel_ranks") or
-                         [r // ep for r in range(world)])
-        if len(ep_ranks) != world or len(edp_ranks) != world or num_experts % ep:
+                         [r // ep for r in range(saved_world)])
+        if len(ep_ranks) != saved_world or len(edp_ranks) != saved_world or num_experts % ep:
             raise CheckpointFormatError(f"MoE layer {index} ('{layer['name']}') records a layout "
                                         f"for {len(ep_ranks)} ranks, {num_experts} experts over "
                                         f"ep_size {ep}; the ZeRO files are from {world} ranks")
         name = layer["name"]
         plan.append({"prefix": f"{name}.{EXPERTS_INFIX}" if name else EXPERTS_INFIX,
                      "ep_size": ep, "num_local": num_experts // ep,
-                     "ep_ranks": ep_ranks, "edp_ranks": edp_ranks})
+                     "ep_ranks": [ep_ranks[r] for r in ranks],
+                     "edp_ranks": [edp_ranks[r] for r in ranks]})
     return plan
 
 

@@ -23,6 +23,7 @@ import torch
 from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import CheckpointFormatError, atomic_torch_save, load_file
 from deepspeed.checkpoint.layout import model_states_filename
+from deepspeed.zero import ds_to_universal_moe as moe
 from deepspeed.zero import ds_to_universal_tp as tensor_parallel
 from deepspeed.zero import zero_to_fp32 as fp32_script
 from deepspeed.zero.ds_to_universal_phases import (
@@ -57,6 +58,17 @@ def _stage_states(checkpoint_dir, mp_rank, mp_world, tp, first):
     if states.get("module") is None:
         states["module"] = fp32_script._pipeline_layer_entries(checkpoint_dir, states,
                                                                tensor_rank=mp_rank % tp)
+    moe_state = states.get(moe.MOE_STATE_KEY)
+    if moe_state is not None:  # every expert of the stage, from the expert files
+        if moe_state.get("optimizer_files") or tp > 1:
+            raise CheckpointFormatError(
+                f"model-parallel rank {mp_rank} holds MoE layers "
+                + ("under tensor parallelism" if tp > 1 else
+                   "saved without ZeRO with experts split over ranks (optimizer state per "
+                   "expert-parallel rank)")
+                + "; inside a pipeline only ZeRO-1 checkpoints, or ones whose MoE layers "
+                  "have ep_size 1, convert")
+        fp32_script._with_moe_experts(checkpoint_dir, states, mp_rank)
     return states
 
 
@@ -67,7 +79,8 @@ def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, st
     (its pieces of split parameters, joined afterwards)."""
     worlds = [rank_world(checkpoint_dir, strict, mp_rank=s) for s in range(len(all_states))]
     temps = [os.path.join(temp_dir, f"stage_{s:02d}") for s in range(len(all_states))]
-    summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s)
+    plans = [moe.moe_plan(states, world) for states, world in zip(all_states, worlds)]
+    summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s, plans[s])
                                         for s in range(len(all_states))
                                         for r in range(worlds[s])], workers,
                          desc="extracting rank files")
@@ -78,10 +91,16 @@ def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, st
         first = mine[0]
         groups = checked_groups(first, param_shapes(states, inject), states, strict,
                                 where=f"pipeline stage {stage}: ")
+        hyper = first["param_groups"]
+        if plans[stage]:  # experts under their global ids (the ep-1 model's names)
+            moe.check_supported(states, first)
+            groups = moe.global_groups(plans[stage], first["layout"], groups)
+            hyper = [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")}
+                     for h in hyper]
         sharded = frozen_shapes(states, first["frozen"])
         whole_dir = out_dir or os.path.join(temps[stage], "whole")
         parts.append({"groups": groups, "state_keys": first["state_keys"],
-                      "scalars": first["optimizer_scalars"], "hyper": first["param_groups"],
+                      "scalars": first["optimizer_scalars"], "hyper": hyper,
                       "zero_stage": int(first["zero_stage"]), "dp_world_size": worlds[stage],
                       "sharded_frozen": sharded,
                       "jobs": merge_jobs(groups, first["state_keys"], sharded, worlds[stage],
@@ -313,6 +332,7 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
             module[name] = universal.load_param_state(out_dir, name, mmap=False).clone()
     model_states = dict(first_states)
     model_states.pop(fp32_script.PIPELINE_STAGES, None)
+    model_states.pop(moe.MOE_STATE_KEY, None)  # every expert is in the module now
     model_states.update({"module": module, "optimizer": None, "buffer_names": buffers,
                          "param_shapes": groups, "frozen_param_shapes": dict(frozen),
                          "shared_params": {}, "mp_world_size": 1})
