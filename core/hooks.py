@@ -790,9 +790,9 @@ GRADIENT_NORM_GROUP = "ds_gradient_norm_group"
 #: tensor per parameter, independent of how the model is split over ranks) must be declared: an
 #: MoE expert that a rank holds under a local index is stored under the index it has in the model
 #: holding every expert (``deepspeed.moe``); every parameter of a pipeline stage declares its
-#: global name (``deepspeed.pipe``), since the stage holds only some of the model. A parameter group may then hold only part of the
-#: checkpoint's group (this rank's experts, this stage's layers). Universal loaders read tensors
-#: by this name.
+#: global name (``deepspeed.pipe``), since the stage holds only some of the model. A parameter
+#: group may then hold only part of the checkpoint's group (this rank's experts, this stage's
+#: layers). Universal loaders read tensors by this name.
 UNIVERSAL_CHECKPOINT_NAME = "ds_universal_checkpoint_name"
 
 #: Set (to ``(dim, parts, index)``) on a parameter that this rank holds one piece of: the whole

@@ -1,8 +1,8 @@
 """Where an MoE checkpoint's expert partitions sit (``ds_to_universal`` for MoE): which split
 layer a ZeRO param group holds, the expert-data-parallel world and rank it was cut with, and
-the global names of its local experts. Plain data and arithmetic, shared by the extract phase
-(``ds_to_universal_phases``) and the MoE conversion (``ds_to_universal_moe``), importing
-neither.
+the global names of its local experts, and what the conversion refuses. Plain data and
+arithmetic, shared by the extract phase (``ds_to_universal_phases``), the MoE conversion
+(``ds_to_universal_moe``) and a pipeline's (``ds_to_universal_pipeline``), importing none.
 """
 from collections import OrderedDict
 
@@ -46,6 +46,19 @@ def moe_plan(model_states, world):
                      "ep_ranks": [ep_ranks[r] for r in ranks],
                      "edp_ranks": [edp_ranks[r] for r in ranks]})
     return plan
+
+
+def check_supported(model_states, first):
+    """Refuse what this conversion does not handle: ZeRO-3 and frozen experts."""
+    if int(first["zero_stage"]) >= 3:
+        raise CheckpointFormatError("MoE checkpoints saved with ZeRO-3 do not convert "
+                                    "(ZeRO-3 keeps the experts in its own shards)")
+    frozen = [n for n in (model_states.get("frozen_param_shapes") or {})
+              if EXPERTS_INFIX in n]
+    if frozen:
+        raise CheckpointFormatError(f"the MoE checkpoint has frozen expert parameters "
+                                    f"({frozen[:4]}); they do not convert yet — use "
+                                    f"zero_to_fp32 for the weights")
 
 
 def layer_of(plan, name):

@@ -23,7 +23,7 @@ import torch
 from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import CheckpointFormatError, atomic_torch_save, load_file
 from deepspeed.checkpoint.layout import model_states_filename
-from deepspeed.zero import ds_to_universal_moe as moe
+from deepspeed.zero import ds_to_universal_moe_plan as moe
 from deepspeed.zero import ds_to_universal_tp as tensor_parallel
 from deepspeed.zero import zero_to_fp32 as fp32_script
 from deepspeed.zero.ds_to_universal_phases import (
