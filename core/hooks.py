@@ -792,11 +792,21 @@ GRADIENT_NORM_GROUP = "ds_gradient_norm_group"
 
 
 #: Set (to a str) on a parameter whose name in a universal checkpoint (``ds_to_universal``: one
-#: tensor per parameter, independent of how the model is split over ranks) is not its module
-#: name: an MoE expert that a rank holds under a local index is stored under the index it has in
-#: the model holding every expert (``deepspeed.moe``). A parameter group may then hold only part
-#: of the checkpoint's group (this rank's experts). Universal loaders read tensors by this name.
+#: tensor per parameter, independent of how the model is split over ranks) must be declared: an
+#: MoE expert that a rank holds under a local index is stored under the index it has in the model
+#: holding every expert (``deepspeed.moe``); every parameter of a pipeline stage declares its
+#: global name (``deepspeed.pipe``), since the stage holds only some of the model. A parameter
+#: group may then hold only part of the checkpoint's group (this rank's experts, this stage's
+#: layers). Universal loaders read tensors by this name.
 UNIVERSAL_CHECKPOINT_NAME = "ds_universal_checkpoint_name"
+
+#: Set (to ``(dim, parts, index)``) on a parameter that this rank holds one piece of: the whole
+#: tensor cut along ``dim`` into ``parts`` pieces, the first ``size % parts`` of them one row
+#: longer, of which this is piece ``index`` (a tensor-parallel slice). Saving records it per
+#: parameter name (``param_slices`` in the model-states file), so ``ds_to_universal`` can join
+#: the pieces into the whole tensor a universal checkpoint stores; universal loaders cut this
+#: rank's piece out of the whole tensor again, so a checkpoint saved at one split loads at any.
+UNIVERSAL_CHECKPOINT_SLICE = "ds_universal_checkpoint_slice"
 
 
 #: The attribute through which a plugin that partitions a parameter's training state answers
@@ -857,5 +867,5 @@ __all__ = [name for name in dict(globals()) if name.startswith("deepspeed_")] + 
     "CommsLogger",
     "PARAM_STATE_ACCESS", "ParamStateAccess", "REPLICATED_PARAM", "GRADIENT_GROUP",
     "ParallelDim", "ParallelMesh",
-    "GRADIENT_NORM_GROUP", "UNIVERSAL_CHECKPOINT_NAME",
+    "GRADIENT_NORM_GROUP", "UNIVERSAL_CHECKPOINT_NAME", "UNIVERSAL_CHECKPOINT_SLICE",
     "protocol_members", "check_implements"]

@@ -38,6 +38,11 @@ def _load_module(engine, checkpoint_dir, state, strict, custom_load_fn):
     handled = engine.hook.deepspeed_load_module_state(engine=engine, state_dict=weights,
                                                       strict=strict,
                                                       checkpoint_dir=checkpoint_dir, state=state)
+    if handled is None and engine.config.load_universal_checkpoint:
+        from deepspeed.checkpoint.universal import load_module_weights
+
+        # per parameter: a rank may hold a piece of one, or a part of the model
+        handled = load_module_weights(module, checkpoint_dir, weights)
     if handled is None and weights is None:
         raise _no_module_entry()
     missing_keys, unexpected_keys = handled if handled is not None else \
@@ -137,8 +142,11 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True,
     checkpoint_dir = layout.checkpoint_dir_for_load(load_dir, tag)
     path = engine.hook.deepspeed_model_states_file(engine=engine, checkpoint_dir=checkpoint_dir)
     if path is None:
-        path = layout.required_file(
-            checkpoint_dir, layout.model_states_filename(collective.model_parallel_rank(engine)))
+        mp_rank = collective.model_parallel_rank(engine)
+        if engine.config.load_universal_checkpoint and not os.path.isfile(
+                os.path.join(checkpoint_dir, layout.model_states_filename(mp_rank))):
+            mp_rank = 0  # a universal checkpoint has one model-states file for every rank
+        path = layout.required_file(checkpoint_dir, layout.model_states_filename(mp_rank))
     state = load_file(path)
 
     _load_module(engine, checkpoint_dir, state, load_module_strict, custom_load_fn)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 from deepspeed.checkpoint.atomic import ensure_weights_only_loadable
 from deepspeed.checkpoint.collective import model_parallel_world_size
-from deepspeed.hooks import Stateful, check_implements
+from deepspeed.hooks import UNIVERSAL_CHECKPOINT_SLICE, Stateful, check_implements
 from deepspeed.plugin_manager import call_each_plugin
 from deepspeed.version import __version__
 
@@ -21,7 +21,7 @@ ENGINE_KEYS = (
     "module", "optimizer", "lr_scheduler", "global_steps", "global_samples", "skipped_steps",
     "micro_steps", "dp_world_size", "mp_world_size", "ds_config", "ds_version", "buffer_names",
     "param_shapes", "frozen_param_shapes", "shared_params", "client_state_keys",
-    "plugin_states",
+    "plugin_states", "param_slices",
 )
 # {plugin name: {object name: state_dict()}} of the plugins' ``deepspeed_stateful`` objects
 PLUGIN_STATES = "plugin_states"
@@ -61,6 +61,14 @@ def _param_shapes(module, optimizer, exclude_frozen_parameters):
     return groups
 
 
+def _param_slices(module):
+    """``{name: [dim, parts, index]}`` of the parameters this rank holds a piece of
+    (``deepspeed.hooks.UNIVERSAL_CHECKPOINT_SLICE``): what ``ds_to_universal`` needs to join
+    the model-parallel ranks' pieces into whole tensors."""
+    return {n: [int(v) for v in getattr(p, UNIVERSAL_CHECKPOINT_SLICE)]
+            for n, p in module.named_parameters() if hasattr(p, UNIVERSAL_CHECKPOINT_SLICE)}
+
+
 def _shared_params(module):
     """Tied weights: ``{alias name: name of the parameter it shares}``."""
     first, shared = {}, {}
@@ -88,7 +96,7 @@ def engine_state(engine, exclude_frozen_parameters):
         raise TypeError(f"the LR scheduler ({type(scheduler).__name__}) has no state_dict(); a "
                         f"scheduler given to deepspeed.initialize must implement get_lr, step, "
                         f"state_dict and load_state_dict")
-    return {
+    state = {
         "module": weights,
         "buffer_names": [name for name, _ in module.named_buffers() if name in weights],
         "param_shapes": _param_shapes(module, engine.optimizer, exclude_frozen_parameters),
@@ -105,6 +113,10 @@ def engine_state(engine, exclude_frozen_parameters):
         "ds_config": _plain_config(engine.config),
         "ds_version": str(__version__),
     }
+    slices = _param_slices(module)
+    if slices:  # only a model split over ranks has any
+        state["param_slices"] = slices
+    return state
 
 
 def merge_client_state(state, client_state):

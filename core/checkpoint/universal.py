@@ -15,10 +15,15 @@ layout that wrote them. ``ds_to_universal`` rewrites one tag as whole tensors::
                                           elementwise key (exp_avg, exp_avg_sq, ...)
 
 Each tensor file holds a dict ``{"param": tensor}`` rather than a bare tensor, so a later
-version can add per-tensor metadata (e.g. tensor-parallel slicing) without a format break.
+version can add per-tensor metadata without a format break. Every tensor is whole, however the
+source was split: a rank that holds a piece of a parameter (``deepspeed.hooks.
+UNIVERSAL_CHECKPOINT_SLICE``, a tensor-parallel slice) cuts its piece out when loading
+(``load_param_state(..., piece=)``), so one checkpoint loads at any split.
 Frozen parameters have only ``fp32.pt``. ``universal_checkpoint_info.pt`` holds::
 
-    format, format_version, tag, source {zero_stage, dp_world_size, ds_version},
+    format, format_version, tag, source {zero_stage, dp_world_size, ds_version, and for a
+                                         pipeline or tensor-parallel source pipeline_stages,
+                                         tensor_parallel_size},
     group_params   [[names] per optimizer param group]
     param_shapes   {name: [sizes]} (trainable)
     frozen_param_shapes {name: [sizes]}
@@ -36,7 +41,7 @@ import torch
 
 from deepspeed.checkpoint.atomic import CheckpointFormatError, load_file
 from deepspeed.checkpoint.constants import FP32_WEIGHT_KEY, PARAM
-from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME
+from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME, UNIVERSAL_CHECKPOINT_SLICE
 
 INFO_FILENAME = "universal_checkpoint_info.pt"
 PARAMS_DIRNAME = "zero"
@@ -84,9 +89,47 @@ def read_info(checkpoint_dir):
     return info
 
 
-def load_param_state(checkpoint_dir, name, key=FP32_KEY, mmap=True):
-    """The full-shape tensor ``key`` of parameter ``name`` (memory-mapped unless ``mmap`` is
-    False, so a rank reads only the pages of its own slice)."""
+def piece_sizes(total, parts):
+    """``parts`` lengths summing to ``total``; the first ``total % parts`` are one longer (the
+    rule ``UNIVERSAL_CHECKPOINT_SLICE`` declares, and tensor-parallel splitting follows)."""
+    base, extra = divmod(int(total), int(parts))
+    return [base + (1 if r < extra else 0) for r in range(int(parts))]
+
+
+def piece_range(total, parts, index):
+    """``(start, length)`` of piece ``index`` of ``total`` rows cut into ``parts``."""
+    sizes = piece_sizes(total, parts)
+    return sum(sizes[:index]), sizes[index]
+
+
+def cut_piece(whole, piece):
+    """Piece ``(dim, parts, index)`` of ``whole`` (``whole`` itself for ``piece`` None)."""
+    if piece is None:
+        return whole
+    dim, parts, index = piece
+    start, length = piece_range(whole.shape[dim], parts, index)
+    return whole.narrow(dim, start, length)
+
+
+def piece_shape(shape, piece):
+    """The shape of piece ``piece`` of a tensor of ``shape``."""
+    shape = list(shape)
+    if piece is not None:
+        dim, parts, index = piece
+        shape[dim] = piece_range(shape[dim], parts, index)[1]
+    return shape
+
+
+def universal_slices(module):
+    """``{id(param): (dim, parts, index)}`` of the parameters this rank holds a piece of."""
+    return {id(p): tuple(getattr(p, UNIVERSAL_CHECKPOINT_SLICE))
+            for p in module.parameters() if hasattr(p, UNIVERSAL_CHECKPOINT_SLICE)}
+
+
+def load_param_state(checkpoint_dir, name, key=FP32_KEY, mmap=True, piece=None):
+    """The full-shape tensor ``key`` of parameter ``name``, or its ``piece`` (``(dim, parts,
+    index)``, see ``cut_piece``); memory-mapped unless ``mmap`` is False, so a rank reads only
+    the pages of its own slice."""
     path = param_file(checkpoint_dir, name, key)
     if not os.path.isfile(path):
         where = param_dir(checkpoint_dir, name)
@@ -99,7 +142,7 @@ def load_param_state(checkpoint_dir, name, key=FP32_KEY, mmap=True):
     if not isinstance(saved, dict) or not torch.is_tensor(saved.get(PARAM)):
         raise CheckpointFormatError(f"'{path}' should hold {{'param': tensor}}, found "
                                     f"{type(saved).__name__}")
-    return saved[PARAM]
+    return cut_piece(saved[PARAM], piece)
 
 
 def read_latest_universal(folder):
@@ -121,7 +164,7 @@ def universal_names(module):
 def check_group_names(checkpoint_dir, saved_groups, mine, partial):
     """Each optimizer group's parameter names (universal names) must be the checkpoint
     group's; a group marked ``partial`` (parameters declaring ``UNIVERSAL_CHECKPOINT_NAME``:
-    this rank's share of the experts) may hold a part of it."""
+    this rank's share of the experts, a pipeline stage's layers) may hold a part of it."""
     problem = len(saved_groups) != len(mine)
     for saved, names, part in zip(saved_groups, mine, partial):
         if problem:
@@ -141,7 +184,7 @@ def load_into_optimizer(engine, checkpoint_dir):
     training, the fp32 masters under bf16/fp16), then refresh the module from them."""
     info = read_info(checkpoint_dir)
     optimizer = engine.basic_optimizer
-    names = universal_names(engine.module)
+    names, pieces = universal_names(engine.module), universal_slices(engine.module)
     saved_groups = info["group_params"]
     models = [[engine.precision.model_param_of(t) for t in group["params"]]
               for group in optimizer.param_groups]
@@ -153,10 +196,12 @@ def load_into_optimizer(engine, checkpoint_dir):
     with torch.no_grad():
         for index, group in enumerate(optimizer.param_groups):
             group.update(info["param_groups"][index])
-            for stepped, name in zip(group["params"], mine[index]):
-                stepped.copy_(load_param_state(checkpoint_dir, name).view_as(stepped))
-                state = {key: load_param_state(checkpoint_dir, name, key).view_as(stepped)
-                         .to(stepped.device).clone()
+            for stepped, model, name in zip(group["params"], models[index], mine[index]):
+                piece = pieces.get(id(model))
+                stepped.copy_(load_param_state(checkpoint_dir, name, piece=piece)
+                              .reshape(stepped.shape))
+                state = {key: load_param_state(checkpoint_dir, name, key, piece=piece)
+                         .reshape(stepped.shape).to(stepped.device).clone()
                          for key in info["state_keys"][index]}
                 for key, value in info["optimizer_scalars"][index].items():
                     value = value.item() if torch.is_tensor(value) else value
@@ -165,3 +210,36 @@ def load_into_optimizer(engine, checkpoint_dir):
                         else value
                 optimizer.state[stepped] = state
     engine.precision.after_optimizer_step()
+
+
+def load_module_weights(module, checkpoint_dir, saved_module):
+    """Every parameter of ``module`` from its whole fp32 tensor in the universal checkpoint
+    (this rank's piece of it, cast to the parameter's dtype), buffers from ``saved_module``
+    (the converted model states' ``module``). Per parameter rather than ``load_state_dict``,
+    because a rank may hold a piece of a parameter or only some of the model (a pipeline
+    stage). Returns ``(missing, unexpected)`` as ``load_state_dict`` does."""
+    info = read_info(checkpoint_dir)
+    stored = {**info["param_shapes"], **info.get("frozen_param_shapes", {})}
+    names, pieces = universal_names(module), universal_slices(module)
+    missing = []
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            universal_name = names[id(param)]
+            if universal_name not in stored:
+                missing.append(name)
+                continue
+            piece = pieces.get(id(param))
+            value = load_param_state(checkpoint_dir, universal_name, piece=piece)
+            if list(value.shape) != list(param.shape):
+                raise CheckpointFormatError(
+                    f"parameter {name!r}: the universal checkpoint '{checkpoint_dir}' holds "
+                    f"{universal_name!r} with shape {tuple(stored[universal_name])}, whose "
+                    f"piece {piece} is {tuple(value.shape)}; this model's is "
+                    f"{tuple(param.shape)}")
+            param.copy_(value)
+    # persistent buffers: the state-dict entries that are no parameter
+    persistent = set(module.state_dict()) - {n for n, _ in module.named_parameters(
+        remove_duplicate=False)}
+    saved = {k: v for k, v in (saved_module or {}).items() if k in persistent}
+    module.load_state_dict(saved, strict=False)
+    return missing + sorted(persistent - set(saved)), []

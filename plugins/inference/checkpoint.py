@@ -6,6 +6,11 @@
   "checkpoints": [file, ...] | "file or directory", "base_dir": optional}``; relative paths
   are taken from ``base_dir`` (the descriptor's, else ``init_inference(base_dir=...)``, else the
   JSON file's directory);
+- a tensor-parallel checkpoint, one file per rank of the run that wrote it, merged into whole
+  tensors as they are read (``deepspeed.inference.merge``): ``{"type": "Megatron",
+  "checkpoints": [rank 0's file, rank 1's, ...], "mp_size": optional}`` (or any descriptor with
+  ``init_inference(training_mp_size=N)``), and the ``{"parallelization": "tp", "tp_size": N,
+  "checkpoints": {"tp": [...]}}`` descriptor ``save_mp_checkpoint_path`` writes;
 - a Hugging Face index (``model.safetensors.index.json`` / ``pytorch_model.bin.index.json``);
 - a directory (its ``*.safetensors``, else ``*.bin`` / ``*.pt`` files) or a single file.
 
@@ -28,12 +33,13 @@ import torch
 from torch import nn
 
 from deepspeed.tensor_parallel import CHECKPOINT_KEY, SHARD_FN, parameter_bytes, shard_of
+from deepspeed.inference.merge import merged_tensors
 from deepspeed.inference.torch_patches import empty_init  # noqa: F401  (its documented path)
 from deepspeed.utils import logging as ds_logging
 
 logger = ds_logging.logger
 
-SUPPORTED_TYPES = ("ds_model",)
+SUPPORTED_TYPES = ("ds_model", "Megatron")
 
 
 class CheckpointError(ValueError):
@@ -42,6 +48,36 @@ class CheckpointError(ValueError):
 
 def checkpoint_files(checkpoint, base_dir=""):
     """The list of state-dict files ``checkpoint`` names (see the module docstring)."""
+    return checkpoint_source(checkpoint, base_dir)[0]
+
+
+def _split_count(descriptor, files, training_mp_size, where):
+    """How many tensor-parallel ranks wrote ``files`` (1: each file holds whole tensors)."""
+    declared = {n for n in (descriptor.get("mp_size"), descriptor.get("tp_size")) if n}
+    if descriptor.get("type") == "Megatron" or descriptor.get("parallelization") == "tp":
+        declared.add(len(files))
+    if training_mp_size > 1:
+        declared.add(training_mp_size)
+    if len(declared) > 1 or (declared and max(declared) != len(files) and max(declared) > 1):
+        raise CheckpointError(
+            f"checkpoint {where}: {len(files)} files for a tensor-parallel size of "
+            f"{sorted(declared)} (mp_size / tp_size / training_mp_size); a tensor-parallel "
+            f"checkpoint lists one file per rank of the run that wrote it")
+    return max(declared) if declared else 1
+
+
+def checkpoint_source(checkpoint, base_dir="", training_mp_size=1):
+    """``(files, split)``: the state-dict files ``checkpoint`` names and how many
+    tensor-parallel ranks wrote them (``split`` > 1: merge them, ``deepspeed.inference.merge``)."""
+    where, descriptor = "checkpoint", {}
+    files = _descriptor_files(checkpoint, base_dir)
+    if isinstance(files, tuple):
+        files, descriptor, where = files
+    return files, _split_count(descriptor, files, training_mp_size, where)
+
+
+def _descriptor_files(checkpoint, base_dir):
+    """The files, or ``(files, descriptor, where)`` for a JSON descriptor."""
     where = "checkpoint"
     if isinstance(checkpoint, (str, os.PathLike)):
         path = os.fspath(checkpoint)
@@ -71,10 +107,17 @@ def checkpoint_files(checkpoint, base_dir=""):
                               f"of state-dict files, or one file or directory)")
     base_dir = descriptor.get("base_dir") or base_dir
     listed = descriptor["checkpoints"]
+    if isinstance(listed, dict):  # save_mp_checkpoint_path's {"tp": [...], "non_tp": [...]}
+        if listed.get("non_tp"):
+            raise CheckpointError(f"checkpoint descriptor {where} lists 'non_tp' files; only "
+                                  f"the 'tp' files (every tensor in each) are read")
+        listed = listed.get("tp") or []
     if isinstance(listed, str):
         full = os.path.join(base_dir, listed)
-        return _files_in(full) if os.path.isdir(full) else _existing([full], where)
-    return _existing([os.path.join(base_dir, f) for f in listed], where)
+        files = _files_in(full) if os.path.isdir(full) else _existing([full], where)
+    else:
+        files = _existing([os.path.join(base_dir, f) for f in listed], where)
+    return files, descriptor, where
 
 
 def _files_in(directory):
@@ -111,7 +154,17 @@ def _tensors(path):
         if isinstance(state.get(wrapper), dict):
             state = state[wrapper]
             break
-    yield from state.items()
+    yield from _flat(state, "")
+
+
+def _flat(state, prefix):
+    """A state dict's tensors; nested dicts (Megatron's ``language_model`` -> ``encoder`` ->
+    ...) under their keys joined with dots."""
+    for key, value in state.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        elif torch.is_tensor(value):
+            yield prefix + key, value
 
 
 def _owners(model):
@@ -152,13 +205,16 @@ def empty_parameters(model):
     return len(replaced)
 
 
-def load_into(model, files):
+def load_into(model, files, split=1, shapes=None):
     """Copy ``files`` into ``model`` (already split) shard by shard; returns
-    ``{"files", "loaded", "peak_param_bytes", "kept"}``."""
+    ``{"files", "loaded", "peak_param_bytes", "kept"}``. ``split`` > 1: the files are the
+    tensor-parallel ranks of one checkpoint, merged with ``shapes`` (the unsplit model's)."""
     owners = _owners(model)
     done, peak = set(), parameter_bytes(model)
-    for path in files:
-        for key, full in _tensors(path):
+    sources = [(path, _tensors(path)) for path in files] if split == 1 else \
+        [(", ".join(files), merged_tensors(files, _tensors, shapes or {}))]
+    for path, tensors in sources:
+        for key, full in tensors:
             if key not in owners:
                 continue
             tensor, places = owners[key]
@@ -206,3 +262,9 @@ def load_into(model, files):
         logger.info(f"init_inference: {len(kept)} tensors not in the checkpoint keep their "
                     f"values: {', '.join(kept[:5])}{' ...' if len(kept) > 5 else ''}")
     return {"files": len(files), "loaded": len(done), "peak_param_bytes": peak, "kept": kept}
+
+
+def checkpoint_shapes(model):
+    """``{checkpoint key: shape}`` of the (unsplit) model's parameters and persistent buffers:
+    what merging a tensor-parallel checkpoint joins the pieces into."""
+    return {key: list(tensor.shape) for key, (tensor, _) in _owners(model).items()}

@@ -190,10 +190,10 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
                             "deepspeed_module_file_single_process",
         "set_empty_params": KEY_TESTS + "test_set_empty_params_takes_every_weight_from_the_"
                                         "checkpoint",
-        "save_mp_checkpoint_path": TESTS + "test_inference_checkpoint.py::test_unimplemented_"
-                                       "checkpoint_options_are_named",
-        "training_mp_size": TESTS + "test_inference_checkpoint.py::test_unimplemented_checkpoint_"
-                                "options_are_named",
+        "save_mp_checkpoint_path": TESTS + "test_inference_checkpoint.py::test_save_mp_checkpoint_"
+                                       "path_writes_the_split_model_which_loads_at_any_tp_size",
+        "training_mp_size": TESTS + "test_inference_checkpoint.py::test_megatron_checkpoint_"
+                                "merges_its_tensor_parallel_ranks",
         "injection_policy": KEY_TESTS + "test_injection_policy_names_the_row_parallel_layers",
         "injection_policy_tuple": TESTS + "test_inference_autotp.py::test_replace_transformer_"
                                           "layer_tensor_slicing",

@@ -22,6 +22,10 @@ Policies of this build:
 - ``zero={"stage": 3, ...}`` (ZeRO-Inference): the parameters are partitioned over the ranks
   and gathered module by module as the model runs (a ZeRO-3 engine without an optimizer).
 - ``set_empty_params=True``: every parameter is emptied before ``checkpoint`` fills it.
+- a tensor-parallel ``checkpoint`` (``"type": "Megatron"``, ``training_mp_size``, or what
+  ``save_mp_checkpoint_path`` wrote) is merged into whole tensors as it is read, each cut again
+  for this engine's ``tp_size`` (``deepspeed.inference.merge``); ``save_mp_checkpoint_path``
+  writes the split model, one file per tensor-parallel rank and a descriptor, after loading.
 - ``min_out_tokens``: ``generate`` refuses an input that leaves fewer new tokens than that
   within ``max_out_tokens``.
 """
@@ -31,7 +35,8 @@ from torch import nn
 from deepspeed import comm as dist
 from deepspeed import topology
 from deepspeed.hooks import ParallelDim
-from deepspeed.inference.checkpoint import checkpoint_files, empty_parameters, load_into
+from deepspeed.inference.checkpoint import (checkpoint_shapes, checkpoint_source,
+                                            empty_parameters, load_into)
 from deepspeed.inference.config import DtypeEnum
 from deepspeed.inference.cuda_graph import CudaGraphs, refuse_without_cuda
 from deepspeed.inference.kernel_inject import inject
@@ -58,10 +63,12 @@ class InferenceEngine(nn.Module):
         self.mp_group = None
         self.mp_world_size = 1
         self._check_unsupported(config)
-        files = None  # named files are checked before anything changes
+        files, split, shapes = None, 1, None  # named files are checked before anything changes
         checkpoint, base_dir = _checkpoint_source(config)
         if checkpoint is not None:
-            files = checkpoint_files(checkpoint, base_dir)
+            files, split = checkpoint_source(checkpoint, base_dir, config.training_mp_size)
+            if split > 1:  # the pieces are joined into the unsplit model's shapes
+                shapes = checkpoint_shapes(model)
         elif config.set_empty_params:
             raise ValueError("set_empty_params=True builds the model's parameters empty, to be "
                              "filled from checkpoint=...; give a checkpoint, or leave it False")
@@ -74,7 +81,8 @@ class InferenceEngine(nn.Module):
         if files is not None:  # after the split: each rank reads only its shards
             if config.set_empty_params:  # nothing of the model's own values is kept
                 empty_parameters(self.module)
-            self.checkpoint_stats = load_into(self.module, files)
+            self.checkpoint_stats = load_into(self.module, files, split, shapes)
+        self.saved_checkpoint = self._save_split(config)
         self.injected = None
         if config.replace_with_kernel_inject:  # on CPU: one log line, AutoTP + SDPA
             from deepspeed.accelerator import get_accelerator
@@ -93,18 +101,24 @@ class InferenceEngine(nn.Module):
         return self._config
 
     # ------------------------------------------------------------------ set-up
+    def _save_split(self, config):
+        """``save_mp_checkpoint_path``: the split model, one file per tensor-parallel rank
+        and the descriptor that loads it (its path; None without the key)."""
+        path = config.save_mp_checkpoint_path or config.checkpoint_config.save_mp_checkpoint_path
+        if path is None:
+            return None
+        from deepspeed.inference.merge import save_split_checkpoint
+
+        rank = dist.get_rank(group=self.mp_group) if self.mp_world_size > 1 else 0
+        dtype = next((p.dtype for p in self.module.parameters()), torch.float32)
+        return save_split_checkpoint(self.module, path, self.mp_world_size, rank, dtype)
+
     def _check_unsupported(self, config):
-        save_path = (config.save_mp_checkpoint_path
-                     or config.checkpoint_config.save_mp_checkpoint_path)
-        if save_path is not None:
-            raise NotImplementedError(
-                f"save_mp_checkpoint_path={save_path!r}: saving the split "
-                f"model as a checkpoint is not implemented; leave it None (checkpoint= loads "
-                f"straight into shards at any tp_size)")
-        if config.training_mp_size > 1 and _checkpoint_source(config)[0] is not None:
-            raise NotImplementedError(
-                f"training_mp_size={config.training_mp_size}: merging model-parallel training "
-                f"checkpoints is not implemented; pass a full (consolidated) state dict")
+        if config.training_mp_size > 1 and _checkpoint_source(config)[0] is None:
+            raise ValueError(
+                f"training_mp_size={config.training_mp_size} says how many tensor-parallel "
+                f"files a checkpoint holds, but no checkpoint= is given; pass the checkpoint "
+                f"(one file per training rank) or leave training_mp_size at 1")
         if config.enable_cuda_graph and config.tensor_parallel.tp_size > 1:
             raise AssertionError("CUDA graphs are not supported with tensor parallelism "
                                  "(enable_cuda_graph=True and tensor_parallel.tp_size > 1)")

@@ -31,6 +31,7 @@ import os
 import re
 
 from deepspeed import comm as dist
+from deepspeed import topology
 from deepspeed.checkpoint import atomic_torch_save, load_file
 from deepspeed.checkpoint.collective import data_parallel_rank, model_parallel_rank
 
@@ -93,17 +94,21 @@ def _rank_tables(layer):
     every global rank in its expert-parallel and expert-data-parallel group of a split layer
     (offline tools such as ``ds_to_universal`` map each rank's files through them). Read off
     the layout of ``deepspeed.moe.groups._expert_layout`` that holds this rank's
-    expert-parallel group, so no
-    collective is needed."""
+    expert-parallel group, so no collective is needed. The layout cuts this rank's
+    data-parallel ranks (all ranks, or a pipeline stage's); the entries of ranks outside them
+    are 0."""
     if layer.ep_size == 1:
         return {}
     from deepspeed.moe.groups import _expert_layout, _get_expert_parallel_group
 
     world = int(dist.get_world_size())
+    data_ranks = [int(r) for r in topology.current().ranks("data")]
     group = _get_expert_parallel_group(layer.expert_group_name)
     mine = [dist.get_global_rank(group, i) for i in range(dist.get_world_size(group=group))]
     for swapped in (False, True):
-        expert_lists, data_lists = _expert_layout(world, int(layer.ep_size), swapped)
+        expert_lists, data_lists = (
+            [[data_ranks[i] for i in ids] for ids in lists]
+            for lists in _expert_layout(len(data_ranks), int(layer.ep_size), swapped))
         if mine in expert_lists:
             break
     else:
@@ -124,6 +129,10 @@ def _layout(engine, layers, optimizer_files):
                         "ep_size": int(layer.ep_size), **_rank_tables(layer)}
                        for name, layer in layers],
             "world_size": int(dist.get_world_size()),
+            # the global ranks of this model-parallel slice's data-parallel group (a pipeline
+            # stage's), in data-parallel order: which entries of the rank tables its ZeRO
+            # files (zero_pp_rank_<data-parallel rank>) were written by
+            "data_parallel_ranks": [int(r) for r in topology.current().ranks("data")],
             "optimizer_files": bool(optimizer_files)}
 
 
@@ -229,9 +238,7 @@ def name_experts_globally(module):
         experts = layer.deepspeed_moe.experts.deepspeed_experts
         first = layer.expert_parallel_rank() * layer.num_local_experts
         for key, param in experts.named_parameters():
-            if layer.ep_size == 1:
-                if hasattr(param, UNIVERSAL_CHECKPOINT_NAME):
-                    delattr(param, UNIVERSAL_CHECKPOINT_NAME)
+            if layer.ep_size == 1:  # its module name (a pipeline stage may have declared it)
                 continue
             local, rest = key.split(".", 1)
             setattr(param, UNIVERSAL_CHECKPOINT_NAME,

@@ -30,6 +30,17 @@ _KINDS = {EXPERT: "expert-parallel", EXPERT_DATA: "expert-data-parallel",
           EXPERT_REPLICA: "expert-replica", EXPERT_MODEL: "expert-model-parallel"}
 
 
+def tensor_dim(topo=None):
+    """The topology dimension of the tensor-parallel ranks the experts are replicated over:
+    the unit's tensor-slicing group where it names one (``get_tensor_model_parallel_group``:
+    a pipeline grid, whose "model" groups also span its stages; a Megatron ``mpu``), else
+    "model"."""
+    topo = topo or topology.current()
+    unit = topo.unit
+    return "tensor_model" if unit is not None and callable(
+        getattr(unit, "get_tensor_model_parallel_group", None)) else "model"
+
+
 def _expert_group_name(expert_parallel_size):
     return f"ep_size_{expert_parallel_size}"
 
@@ -76,7 +87,7 @@ def expert_dims(expert_parallel_size, use_data_before_expert_parallel_=False, to
                         name, basis),
             ParallelDim(EXPERT, tuple(map(tuple, (g for ep, _ in per_slice for g in ep))), name,
                         basis)]
-    if topo.size("model") > 1:  # the same position's groups of every slice, joined
+    if topo.size(tensor_dim(topo)) > 1:  # the same position's groups of every slice, joined
         for dim_name, which in ((EXPERT_REPLICA, 1), (EXPERT_MODEL, 0)):
             joined = tuple(tuple(sorted(r for layout in per_slice for r in layout[which][position]))
                            for position in range(len(per_slice[0][which])))

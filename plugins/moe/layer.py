@@ -89,7 +89,7 @@ class MoE(nn.Module):
         if self._groups_ready and self._groups_unit is topo.unit \
                 and self._groups_world is topo.world_group:
             return
-        tp = topo.size("model")
+        tp = topo.size(moe_groups.tensor_dim(topo))
         experts = self.deepspeed_moe.experts
         if self.ep_size == 1 and tp == 1:  # the experts are replicated like any dense weight
             self.deepspeed_moe._set_tp_group(None, 1)
@@ -114,7 +114,7 @@ class MoE(nn.Module):
         if tp > 1 and not self.enable_expert_tensor_parallelism:
             # replicated over the TP ranks, each running its slice of the slots: the gradient
             # sums every TP rank's slice; the ranks with other experts are this slice's
-            self.deepspeed_moe._set_tp_group(topo.group("model"), tp)
+            self.deepspeed_moe._set_tp_group(topo.group(moe_groups.tensor_dim(topo)), tp)
             gradient_group = moe_groups._get_expert_replica_group(name)
             norm_group = moe_groups._get_expert_parallel_group(name)
         else:

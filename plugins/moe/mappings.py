@@ -21,11 +21,13 @@ from deepspeed import comm as dist
 def _tp_group_and_size(group):
     """``(group, size)``: ``group``, else the current topology's model-parallel group."""
     from deepspeed import topology
+    from deepspeed.moe.groups import tensor_dim
 
     if group is None:
-        if topology.current().size("model") == 1:
+        topo = topology.current()
+        if topo.size(tensor_dim(topo)) == 1:
             return None, 1
-        group = topology.current().group("model")
+        group = topo.group(tensor_dim(topo))
     return group, dist.get_world_size(group=group)
 
 

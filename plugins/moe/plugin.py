@@ -57,7 +57,9 @@ def check_moe_compatible(module, zero_stage, clipping=None):
     from deepspeed import topology
 
     layers = expert_parallel_layers(module)
-    tp = topology.current().size("model")
+    from deepspeed.moe.groups import tensor_dim
+
+    tp = topology.current().size(tensor_dim())
     if zero_stage >= 3 and tp > 1 and not layers:
         replicated = [(name, m) for name, m in all_moe_layers(module)
                       if not m.enable_expert_tensor_parallelism]

@@ -9,11 +9,16 @@ the ``pipeline`` config section, whose keys the module's arguments decide.
 Checkpoints: ``save_checkpoint`` writes each layer into ``layer_XX-model_states.pt`` (global
 layer index; data-parallel rank 0 of each stage writes its layers) and each stage's
 ``mp_rank_XX_model_states.pt`` holds ``module: None`` and ``pipeline_stages``. The weights load
-at any number of stages; the optimizer state only at the number it was saved with.
+at any number of stages; the optimizer state only at the number it was saved with. A universal
+checkpoint (``ds_to_universal`` of a pipeline, tensor-parallel or plain checkpoint) loads at
+any number of stages and tensor-parallel size, optimizer state included: each stage reads its
+own parameters by their global names (``universal_names``) and the core cuts each rank's
+tensor-parallel piece.
 """
 import sys
 
-from deepspeed.hooks import EngineChoice, hookimpl
+from deepspeed.hooks import (UNIVERSAL_CHECKPOINT_NAME, UNIVERSAL_CHECKPOINT_SLICE,
+                             EngineChoice, hookimpl)
 from deepspeed.pipe.config import PipelineConfig
 from deepspeed.plugin_manager import DeepSpeedPlugin
 
@@ -31,6 +36,29 @@ def _pipeline_module(model):
         return model
     wrapped = getattr(model, "wrapped", None)
     return wrapped if isinstance(wrapped, module.PipelineModule) else None
+
+
+# Megatron's attributes on a parameter split over the tensor-parallel (``model``) axis
+MEGATRON_SPLIT, MEGATRON_DIM = "tensor_model_parallel", "partition_dim"
+
+
+def universal_names(engine):
+    """Prepare the stage's parameters for universal checkpoints. With several stages each
+    holds a part of the model: every parameter declares its global name
+    (``UNIVERSAL_CHECKPOINT_NAME``), which tells universal loaders a group may hold a part of
+    the checkpoint's. A parameter Megatron-style layers split over the grid's ``model`` axis
+    (``tensor_model_parallel``, ``partition_dim``) declares its piece
+    (``UNIVERSAL_CHECKPOINT_SLICE``) unless its layer did."""
+    grid = engine.mpu
+    parts, index = grid.get_slice_parallel_world_size(), grid.get_slice_parallel_rank()
+    stages = grid.get_pipe_parallel_world_size()
+    for name, param in engine.module.named_parameters():
+        if stages > 1 and not hasattr(param, UNIVERSAL_CHECKPOINT_NAME):
+            setattr(param, UNIVERSAL_CHECKPOINT_NAME, name)
+        if parts > 1 and getattr(param, MEGATRON_SPLIT, False) and \
+                not hasattr(param, UNIVERSAL_CHECKPOINT_SLICE):
+            setattr(param, UNIVERSAL_CHECKPOINT_SLICE,
+                    (int(getattr(param, MEGATRON_DIM, 0)), parts, index))
 
 
 class PipePlugin(DeepSpeedPlugin):
@@ -54,6 +82,8 @@ class PipePlugin(DeepSpeedPlugin):
         from deepspeed.pipe.engine import check_pipeline_compatible
 
         check_pipeline_compatible(engine)
+        universal_names(engine)
+
 
     # ------------------------------------------------------------------ checkpoints
     @hookimpl
@@ -86,12 +116,7 @@ class PipePlugin(DeepSpeedPlugin):
     @hookimpl
     def deepspeed_load_module_state(self, engine, state_dict, strict, checkpoint_dir):
         if engine.config.load_universal_checkpoint:
-            raise ValueError(
-                f"checkpoint '{checkpoint_dir}': loading a universal checkpoint into a "
-                f"PipelineEngine is not supported yet; load it into a model without pipeline "
-                f"stages whose state-dict names are the PipelineModule's (an nn.Sequential of "
-                f"the same layers), or resume the pipeline from its own checkpoint (any number "
-                f"of stages with load_optimizer_states=False)")
+            return None  # the core reads each parameter by its universal name
         if state_dict is not None and not isinstance(state_dict, str):
             return None  # whole weights (saved by a plain engine): the core loads them
         engine._curr_ckpt_path = checkpoint_dir

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepspeed import comm as dist
+from deepspeed.hooks import UNIVERSAL_CHECKPOINT_SLICE
 from deepspeed.tensor_parallel.sharding import frozen
 
 #: set on a parameter split over the tensor-parallel group (Megatron's attribute names):
@@ -95,9 +96,15 @@ class SharedInputCopy:
         return self.output
 
 
-def _mark(param, dim):
+def _mark(param, dim, group):
+    """Megatron's attributes, and the piece this rank holds for checkpoints
+    (``UNIVERSAL_CHECKPOINT_SLICE``: ``ds_to_universal`` joins the ranks' pieces, a universal
+    load cuts them again at any tensor-parallel size)."""
     setattr(param, TENSOR_MODEL_PARALLEL, True)
     setattr(param, PARTITION_DIM, dim)
+    if dist.is_initialized():
+        setattr(param, UNIVERSAL_CHECKPOINT_SLICE,
+                (dim, dist.get_world_size(group=group), dist.get_rank(group=group)))
     return param
 
 
@@ -176,8 +183,8 @@ class _TensorParallelLinear(SplitLinear):
     split_bias = False
 
     def __init__(self, weight, bias, group, shared_copy=None):
-        super().__init__(_mark(weight, self.split_dim),
-                         bias if bias is None or not self.split_bias else _mark(bias, 0))
+        super().__init__(_mark(weight, self.split_dim, group),
+                         bias if bias is None or not self.split_bias else _mark(bias, 0, group))
         self.group = group
         self.shared_copy = shared_copy
 

@@ -8,6 +8,8 @@ tensor it reads, so a rank copies only its own slice and never holds the whole m
 """
 import torch
 
+from deepspeed.checkpoint.universal import piece_range, piece_sizes
+
 SHARD_FN = "ds_shard_fn"
 # a parameter's key in the full state dict when it differs from its module path (a rank's
 # local expert 0 is expert ``ep_rank * local_experts`` of the checkpoint)
@@ -15,15 +17,14 @@ CHECKPOINT_KEY = "ds_checkpoint_key"
 
 
 def shard_sizes(total, tp_size):
-    """``tp_size`` sizes summing to ``total``; the first ``total % tp_size`` are one larger."""
-    base, extra = divmod(total, tp_size)
-    return [base + (1 if r < extra else 0) for r in range(tp_size)]
+    """``tp_size`` sizes summing to ``total``; the first ``total % tp_size`` are one larger
+    (the universal checkpoint's rule for pieces, so its loaders cut the same slices)."""
+    return piece_sizes(total, tp_size)
 
 
 def shard_range(total, tp_size, rank):
     """``(start, length)`` of ``rank``'s part of ``total`` rows."""
-    sizes = shard_sizes(total, tp_size)
-    return sum(sizes[:rank]), sizes[rank]
+    return piece_range(total, tp_size, rank)
 
 
 def narrow_fn(dim, tp_size, rank):

@@ -26,18 +26,24 @@ checkpoint of its own (without ZeRO, from the torch optimizer state in its model
 and the stages are merged under the PipelineModule's global names, a tied weight once, the param
 groups merged group by group. The result is what a single-stage model with those names would
 have saved (``source.pipeline_stages`` records the origin): it loads with ``load_universal``
-into any non-pipeline engine whose ``state_dict`` names are the pipeline's global names (an
-``nn.Sequential`` of the same layers), at any data-parallel size and ZeRO stage 0-3. Loading it
-into a ``PipelineEngine`` is not supported (each stage would have to take its own parameters by
-name); a pipeline resumes from its own checkpoint, at its own shape. Tensor-parallel ranks
-inside stages are refused.
+into a ``PipelineEngine`` at any number of stages (each stage reads its parameters by global
+name), or into any non-pipeline engine whose ``state_dict`` names are the pipeline's global
+names (an ``nn.Sequential`` of the same layers), at any data-parallel size and ZeRO stage 0-3.
+
+Tensor-parallel checkpoints (``mp_world_size`` > 1: AutoTP's, or a pipeline's whose layers are
+split over its grid's ``model`` axis) take the same road: every model-parallel rank is read as a
+part, and the tensor ranks' slices of each parameter the model states list in ``param_slices``
+are joined (``deepspeed.zero.ds_to_universal_tp``); loading cuts each rank's slice again, at
+any tensor-parallel size.
 
 MoE checkpoints (``moe_checkpoint`` in the model-states file: experts in files of their own)
 convert too, saved with ZeRO 1/2 (expert param groups partitioned over their
 expert-data-parallel group) or without ZeRO (optimizer state per expert-parallel rank)
 (``deepspeed.zero.ds_to_universal_moe``): the result holds every expert under the global names
-of the model with ``ep_size`` 1, and loads into such a model. ZeRO-3, frozen experts and
-pipelines with MoE layers are refused.
+of the model with ``ep_size`` 1, and loads into such a model. Inside a pipeline each stage's
+experts convert the same way (the layout records the stage's data-parallel ranks), saved with
+ZeRO-1 or with ``ep_size`` 1. ZeRO-3, frozen experts, MoE under tensor parallelism and a
+pipeline's experts split over ranks without ZeRO are refused.
 """
 import argparse
 import os
@@ -106,9 +112,8 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     if os.path.abspath(checkpoint_dir) in (output_folder, out_dir):
         raise ValueError(f"--output_folder '{output_folder}' must differ from the input")
     model_states = load_file(os.path.join(checkpoint_dir, model_states_filename(0)))
-    if model_states.get(fp32_script.PIPELINE_STAGES) is not None:
-        if model_states.get(moe.MOE_STATE_KEY) is not None:
-            raise CheckpointFormatError("pipeline checkpoints with MoE layers do not convert")
+    if model_states.get(fp32_script.PIPELINE_STAGES) is not None or \
+            int(model_states.get("mp_world_size") or 1) > 1:  # pipeline or tensor parallel
         return convert_pipeline(checkpoint_dir, tag, output_folder, model_states,
                                 num_extract_workers, num_merge_workers, keep_temp_folder,
                                 strict, inject_missing_state)
@@ -160,9 +165,9 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
 def parse_arguments(argv=None):
     parser = argparse.ArgumentParser(
         prog="ds_to_universal",
-        description="Convert a DeepSpeed ZeRO (or pipeline) checkpoint into a universal "
-                    "checkpoint, loadable "
-                    "with any data-parallel size or ZeRO stage via "
+        description="Convert a DeepSpeed ZeRO, pipeline or tensor-parallel checkpoint into a "
+                    "universal checkpoint, loadable with any data-parallel size, ZeRO stage, "
+                    "number of pipeline stages or tensor-parallel size via "
                     "\"checkpoint\": {\"load_universal\": true}.")
     parser.add_argument("--input_folder", required=True,
                         help="ZeRO checkpoint: a save dir (its 'latest' tag) or a tag folder")

@@ -26,21 +26,8 @@ from collections import OrderedDict
 from deepspeed.checkpoint.atomic import CheckpointFormatError
 
 from deepspeed.zero.ds_to_universal_moe_plan import (  # noqa: F401  (re-exported)
-    EXPERTS_INFIX, MOE_STATE_KEY, layer_of, global_groups, global_name, group_layer,
-    group_placement, moe_plan)
-
-
-def check_supported(model_states, first):
-    """Refuse what this conversion does not handle: ZeRO-3 and frozen experts."""
-    if int(first["zero_stage"]) >= 3:
-        raise CheckpointFormatError("MoE checkpoints saved with ZeRO-3 do not convert "
-                                    "(ZeRO-3 keeps the experts in its own shards)")
-    frozen = [n for n in (model_states.get("frozen_param_shapes") or {})
-              if EXPERTS_INFIX in n]
-    if frozen:
-        raise CheckpointFormatError(f"the MoE checkpoint has frozen expert parameters "
-                                    f"({frozen[:4]}); they do not convert yet — use "
-                                    f"zero_to_fp32 for the weights")
+    EXPERTS_INFIX, MOE_STATE_KEY, check_supported, layer_of, global_groups, global_name,
+    group_layer, group_placement, moe_plan)
 
 
 # ---------------------------------------------------------------------- without ZeRO

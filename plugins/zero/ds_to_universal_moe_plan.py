@@ -1,8 +1,8 @@
 """Where an MoE checkpoint's expert partitions sit (``ds_to_universal`` for MoE): which split
 layer a ZeRO param group holds, the expert-data-parallel world and rank it was cut with, and
-the global names of its local experts. Plain data and arithmetic, shared by the extract phase
-(``ds_to_universal_phases``) and the MoE conversion (``ds_to_universal_moe``), importing
-neither.
+the global names of its local experts, and what the conversion refuses. Plain data and
+arithmetic, shared by the extract phase (``ds_to_universal_phases``), the MoE conversion
+(``ds_to_universal_moe``) and a pipeline's (``ds_to_universal_pipeline``), importing none.
 """
 from collections import OrderedDict
 
@@ -20,27 +20,45 @@ def moe_plan(model_states, world):
     if moe is None:
         return None
     saved_world = int(moe.get("world_size", world))
-    if saved_world != world:
-        raise CheckpointFormatError(f"the MoE layout was saved by {saved_world} ranks and the "
-                                    f"ZeRO files by {world}: the files are from different saves")
+    # the global ranks whose ZeRO files these are (a pipeline stage's data-parallel ranks)
+    ranks = [int(r) for r in moe.get("data_parallel_ranks") or range(saved_world)]
+    if len(ranks) != world:
+        raise CheckpointFormatError(f"the MoE layout was saved by {len(ranks)} data-parallel "
+                                    f"ranks and the ZeRO files by {world}: the files are from "
+                                    f"different saves")
     plan = []
     for index, layer in enumerate(moe["layers"]):
         ep = int(layer["ep_size"])
         if ep == 1:
             continue  # experts replicated like dense weights: global names already
         num_experts = int(layer["num_experts"])
-        ep_ranks = list(layer.get("expert_parallel_ranks") or [r % ep for r in range(world)])
+        ep_ranks = list(layer.get("expert_parallel_ranks") or
+                        [r % ep for r in range(saved_world)])
         edp_ranks = list(layer.get("expert_data_parallel_ranks") or
-                         [r // ep for r in range(world)])
-        if len(ep_ranks) != world or len(edp_ranks) != world or num_experts % ep:
+                         [r // ep for r in range(saved_world)])
+        if len(ep_ranks) != saved_world or len(edp_ranks) != saved_world or num_experts % ep:
             raise CheckpointFormatError(f"MoE layer {index} ('{layer['name']}') records a layout "
                                         f"for {len(ep_ranks)} ranks, {num_experts} experts over "
                                         f"ep_size {ep}; the ZeRO files are from {world} ranks")
         name = layer["name"]
         plan.append({"prefix": f"{name}.{EXPERTS_INFIX}" if name else EXPERTS_INFIX,
                      "ep_size": ep, "num_local": num_experts // ep,
-                     "ep_ranks": ep_ranks, "edp_ranks": edp_ranks})
+                     "ep_ranks": [ep_ranks[r] for r in ranks],
+                     "edp_ranks": [edp_ranks[r] for r in ranks]})
     return plan
+
+
+def check_supported(model_states, first):
+    """Refuse what this conversion does not handle: ZeRO-3 and frozen experts."""
+    if int(first["zero_stage"]) >= 3:
+        raise CheckpointFormatError("MoE checkpoints saved with ZeRO-3 do not convert "
+                                    "(ZeRO-3 keeps the experts in its own shards)")
+    frozen = [n for n in (model_states.get("frozen_param_shapes") or {})
+              if EXPERTS_INFIX in n]
+    if frozen:
+        raise CheckpointFormatError(f"the MoE checkpoint has frozen expert parameters "
+                                    f"({frozen[:4]}); they do not convert yet — use "
+                                    f"zero_to_fp32 for the weights")
 
 
 def layer_of(plan, name):

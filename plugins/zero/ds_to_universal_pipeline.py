@@ -9,7 +9,10 @@ read on its own, as ``zero_to_fp32`` does (without ZeRO, from the torch optimize
 model-states file), and the results merged under the PipelineModule's global names
 (``3.weight``, ``tied_modules.<key>.weight``; a tied weight, held by every stage using it, is
 taken once, from the first), the param groups group by group: the universal checkpoint is then
-the one a single-stage model with those names would have produced.
+the one a single-stage model with those names would have produced. A tensor-parallel
+checkpoint (pipeline or not) has one model-states file per model-parallel rank (``stage * tp +
+tensor rank``); each is read as a part and the tensor ranks of a stage joined first
+(``deepspeed.zero.ds_to_universal_tp``).
 """
 import os
 import re
@@ -20,13 +23,15 @@ import torch
 from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import CheckpointFormatError, atomic_torch_save, load_file
 from deepspeed.checkpoint.layout import model_states_filename
+from deepspeed.zero import ds_to_universal_moe_plan as moe
+from deepspeed.zero import ds_to_universal_tp as tensor_parallel
 from deepspeed.zero import zero_to_fp32 as fp32_script
 from deepspeed.zero.ds_to_universal_phases import (
     TEMP_DIRNAME, check_ranks_agree, checked_groups, extract_rank, finish, fresh_dirs,
     frozen_shapes, merge_jobs, merge_param, param_shapes, pool_map, rank_world, saved_loss_scaler,
     universal_info, write_module_frozen)
 
-_LAYER_FILE_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
+_LAYER_FILE_RE = re.compile(r"^layer_(\d+)(?:-model_\d+)?-model_states\.pt$")
 
 
 def _same(a, b):
@@ -36,29 +41,46 @@ def _same(a, b):
         return repr(a) == repr(b)
 
 
-def _stage_states(checkpoint_dir, stage, stages, first):
-    """Stage ``stage``'s model states, ``module`` filled from the layer files (global names:
-    the stage's trained, frozen and buffer entries; tied modules' weights are not there)."""
-    if stage == 0:
+def _stage_states(checkpoint_dir, mp_rank, mp_world, tp, first):
+    """Model-parallel rank ``mp_rank``'s model states, ``module`` filled from the layer files
+    (global names: the stage's trained, frozen and buffer entries; tied modules' weights are
+    not there)."""
+    if mp_rank == 0:
         states = first
     else:
-        path = os.path.join(checkpoint_dir, model_states_filename(stage))
+        path = os.path.join(checkpoint_dir, model_states_filename(mp_rank))
         if not os.path.isfile(path):
-            raise CheckpointFormatError(f"'{checkpoint_dir}' is a checkpoint of {stages} "
-                                        f"pipeline stages but lacks {os.path.basename(path)}")
+            raise CheckpointFormatError(f"'{checkpoint_dir}' is a checkpoint of {mp_world} "
+                                        f"model-parallel ranks (pipeline stages x tensor "
+                                        f"ranks) but lacks {os.path.basename(path)}")
         states = load_file(path)
     states = dict(states)
     if states.get("module") is None:
-        states["module"] = fp32_script._pipeline_layer_entries(checkpoint_dir, states)
+        states["module"] = fp32_script._pipeline_layer_entries(checkpoint_dir, states,
+                                                               tensor_rank=mp_rank % tp)
+    moe_state = states.get(moe.MOE_STATE_KEY)
+    if moe_state is not None:  # every expert of the stage, from the expert files
+        if moe_state.get("optimizer_files") or tp > 1:
+            raise CheckpointFormatError(
+                f"model-parallel rank {mp_rank} holds MoE layers "
+                + ("under tensor parallelism" if tp > 1 else
+                   "saved without ZeRO with experts split over ranks (optimizer state per "
+                   "expert-parallel rank)")
+                + "; inside a pipeline only ZeRO-1 checkpoints, or ones whose MoE layers "
+                  "have ep_size 1, convert")
+        fp32_script._with_moe_experts(checkpoint_dir, states, mp_rank)
     return states
 
 
 def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, strict, inject):
-    """Per stage: its groups, state keys, scalars, hyperparameters and merge jobs, after
-    extracting every (stage, data-parallel rank) file's fragments into ``tmp/stage_XX``."""
+    """Per model-parallel rank: its groups, state keys, scalars, hyperparameters and merge
+    jobs, after extracting every (model-parallel, data-parallel rank) file's fragments into
+    ``tmp/stage_XX``. ``out_dir`` None: each rank's jobs write into ``tmp/stage_XX/whole``
+    (its pieces of split parameters, joined afterwards)."""
     worlds = [rank_world(checkpoint_dir, strict, mp_rank=s) for s in range(len(all_states))]
     temps = [os.path.join(temp_dir, f"stage_{s:02d}") for s in range(len(all_states))]
-    summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s)
+    plans = [moe.moe_plan(states, world) for states, world in zip(all_states, worlds)]
+    summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s, plans[s])
                                         for s in range(len(all_states))
                                         for r in range(worlds[s])], workers,
                          desc="extracting rank files")
@@ -69,13 +91,20 @@ def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, st
         first = mine[0]
         groups = checked_groups(first, param_shapes(states, inject), states, strict,
                                 where=f"pipeline stage {stage}: ")
+        hyper = first["param_groups"]
+        if plans[stage]:  # experts under their global ids (the ep-1 model's names)
+            moe.check_supported(states, first)
+            groups = moe.global_groups(plans[stage], first["layout"], groups)
+            hyper = [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")}
+                     for h in hyper]
         sharded = frozen_shapes(states, first["frozen"])
+        whole_dir = out_dir or os.path.join(temps[stage], "whole")
         parts.append({"groups": groups, "state_keys": first["state_keys"],
-                      "scalars": first["optimizer_scalars"], "hyper": first["param_groups"],
+                      "scalars": first["optimizer_scalars"], "hyper": hyper,
                       "zero_stage": int(first["zero_stage"]), "dp_world_size": worlds[stage],
                       "sharded_frozen": sharded,
                       "jobs": merge_jobs(groups, first["state_keys"], sharded, worlds[stage],
-                                         temps[stage], out_dir)})
+                                         temps[stage], whole_dir), "whole_dir": whole_dir})
     return parts, saved_loss_scaler(checkpoint_dir)
 
 
@@ -220,35 +249,61 @@ def _merge_stages(parts, strict):
     return merged, owner, first
 
 
+def _model_parallel_shape(checkpoint_dir, first_states):
+    """``(stages, tensor-parallel size)`` of the checkpoint: ``mp_world_size`` counts pipe x
+    tensor ranks (a pipeline's grid) or tensor ranks alone."""
+    stages = int(first_states.get(fp32_script.PIPELINE_STAGES) or 1)
+    mp_world = int(first_states.get("mp_world_size") or stages)
+    if mp_world % stages:
+        raise CheckpointFormatError(
+            f"'{checkpoint_dir}' records {mp_world} model-parallel ranks for {stages} pipeline "
+            f"stages; the ranks must be stages x tensor-parallel ranks")
+    mp_ranks = fp32_script._mp_ranks(checkpoint_dir)
+    if mp_ranks and mp_ranks != list(range(mp_world)):
+        raise CheckpointFormatError(
+            f"'{checkpoint_dir}' holds ZeRO files of model-parallel ranks {mp_ranks}, its model "
+            f"states name {mp_world} ({stages} pipeline stages x {mp_world // stages} tensor "
+            f"ranks); the checkpoint is incomplete")
+    return stages, mp_world // stages, bool(mp_ranks)
+
+
 def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_workers,
                      merge_workers, keep_temp_folder, strict, inject_missing_state):
-    """``convert`` for a pipeline checkpoint whose stage-0 model states are ``first_states``."""
-    stages = int(first_states[fp32_script.PIPELINE_STAGES])
+    """``convert`` for a pipeline or tensor-parallel checkpoint whose model-parallel rank 0
+    model states are ``first_states``: every model-parallel rank read as a part, the tensor
+    ranks of each stage joined (``deepspeed.zero.ds_to_universal_tp``), the stages merged."""
+    stages, tp, zero = _model_parallel_shape(checkpoint_dir, first_states)
     out_dir = os.path.join(output_folder, tag)
     temp_dir = os.path.join(output_folder, TEMP_DIRNAME)
-    mp_ranks = fp32_script._mp_ranks(checkpoint_dir)
-    if mp_ranks and mp_ranks != list(range(stages)):
-        raise CheckpointFormatError(
-            f"'{checkpoint_dir}' holds ZeRO files of model-parallel ranks {mp_ranks} for "
-            f"{stages} pipeline stages; only pipelines without tensor parallelism (one "
-            f"model-parallel rank per stage) convert")
-    all_states = [_stage_states(checkpoint_dir, s, stages, first_states) for s in range(stages)]
+    all_states = [_stage_states(checkpoint_dir, m, stages * tp, tp, first_states)
+                  for m in range(stages * tp)]
     fresh_dirs(out_dir, temp_dir)
-    if mp_ranks:
-        parts, loss_scaler = _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir,
-                                               extract_workers, strict, inject_missing_state)
+    if zero:
+        parts, loss_scaler = _zero_stage_parts(checkpoint_dir, all_states, temp_dir,
+                                               out_dir if tp == 1 else None, extract_workers,
+                                               strict, inject_missing_state)
     else:
         claimed = _claimed_layers(all_states)
         parts = [_torch_stage_part(checkpoint_dir, states, s, claimed)
                  for s, states in enumerate(all_states)]
         loss_scaler = parts[0][1]
         parts = [p for p, _ in parts]
+    if tp > 1:
+        if zero:  # each rank's pieces whole first, in its own folder
+            pool_map(merge_param, [j for p in parts for j in p["jobs"].values()],
+                     merge_workers, desc="merging parameters")
+        parts = [tensor_parallel.join_stage(parts[s * tp:(s + 1) * tp], all_states, s, tp)
+                 for s in range(stages)]
     groups, owner, first = _merge_stages(parts, strict)
 
     jobs = []
     for name, stage in owner.items():
         part = parts[stage]
-        if "tensors" in part:
+        if "pieces" in part:
+            keys = {universal.FP32_KEY} | {k for g, ks in zip(part["groups"], part["state_keys"])
+                                           if name in g for k in ks}
+            tensor_parallel.write_joined(part, name, sorted(keys), out_dir)
+        elif "tensors" in part:
             for key, tensor in part["tensors"][name].items():
                 path = universal.param_file(out_dir, name, key)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -262,10 +317,12 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
                 frozen[name] = shape
                 jobs.append(part["jobs"][name])
     pool_map(merge_param, jobs, merge_workers, desc="merging parameters")
-    for states in all_states:
+    for states in all_states[::tp]:
         frozen.update(write_module_frozen(states, out_dir, set(frozen)))
 
-    module, buffers = OrderedDict(), []
+    module = tensor_parallel.joined_module(all_states, tp, out_dir, parts) if tp > 1 else \
+        OrderedDict()
+    buffers = []
     for states in all_states:
         for key, value in states["module"].items():
             module.setdefault(key, value)
@@ -275,11 +332,14 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
             module[name] = universal.load_param_state(out_dir, name, mmap=False).clone()
     model_states = dict(first_states)
     model_states.pop(fp32_script.PIPELINE_STAGES, None)
+    model_states.pop(moe.MOE_STATE_KEY, None)  # every expert is in the module now
     model_states.update({"module": module, "optimizer": None, "buffer_names": buffers,
                          "param_shapes": groups, "frozen_param_shapes": dict(frozen),
                          "shared_params": {}, "mp_world_size": 1})
+    model_states.pop(tensor_parallel.PARAM_SLICES, None)
     source = {"zero_stage": parts[0]["zero_stage"], "dp_world_size": parts[0]["dp_world_size"],
-              "ds_version": str(first_states.get("ds_version")), "pipeline_stages": stages}
+              "ds_version": str(first_states.get("ds_version")), "pipeline_stages": stages,
+              "tensor_parallel_size": tp}
     info = universal_info(tag, source, groups, frozen, first["state_keys"], first["scalars"],
                           first["hyper"], loss_scaler)
     return finish(checkpoint_dir, output_folder, tag, info, model_states, keep_temp_folder)

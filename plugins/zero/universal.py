@@ -10,16 +10,17 @@ under its index in the model holding every expert).
 """
 import torch
 
-from deepspeed.checkpoint.universal import FP32_KEY, load_param_state, read_info
+from deepspeed.checkpoint.universal import FP32_KEY, load_param_state, piece_shape, read_info
 from deepspeed.zero import partition as layout_math
-from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME
+from deepspeed.hooks import UNIVERSAL_CHECKPOINT_NAME, UNIVERSAL_CHECKPOINT_SLICE
 from deepspeed.zero.partition_state import (ZeroCheckpointError, frozen_zero3_params,
                                             load_partition_state_dict)
 
 
-def _check_groups(info, described, checkpoint_dir, partial):
+def _check_groups(info, described, checkpoint_dir, partial, pieces):
     """Every group's parameters are the checkpoint group's (``partial``: a part of them, this
-    rank's experts), with the checkpoint's sizes."""
+    rank's experts or pipeline stage), with the checkpoint's sizes (of this rank's piece, for
+    a parameter in ``pieces``)."""
     saved = info["group_params"]
     if len(saved) != len(described):
         raise ZeroCheckpointError(
@@ -29,25 +30,25 @@ def _check_groups(info, described, checkpoint_dir, partial):
     for group, (names, buckets) in enumerate(zip(saved, described)):
         mine = {n: k for b in buckets for n, k in zip(b["params"], b["numels"])}
         if not (set(mine) <= set(names) if partial[group] else set(names) == set(mine)):
-            hint = ("; loading into a part of the model (a PipelineEngine stage) is not "
-                    "supported: load it into a non-pipeline model whose parameter names are "
-                    "the checkpoint's" if set(mine) < set(names) else "")
             raise ZeroCheckpointError(
                 f"param group {group}: the universal checkpoint holds parameters that differ "
                 f"from this model's in {sorted(set(names) ^ set(mine))[:10]}; the model must "
-                f"have the same trainable parameters in the same groups{hint}")
+                f"have the same trainable parameters in the same groups")
         for name, numel in mine.items():
-            if int(torch.Size(shapes[name]).numel()) != int(numel):
+            if int(torch.Size(piece_shape(shapes[name], pieces.get(name))).numel()) != int(numel):
                 raise ZeroCheckpointError(
                     f"parameter {name!r}: the universal checkpoint holds shape "
-                    f"{tuple(shapes[name])}, this model has {numel} elements")
+                    f"{tuple(shapes[name])} (this rank's piece: {pieces.get(name)}), this model "
+                    f"has {numel} elements")
 
 
-def _cut(checkpoint_dir, described, world_size, rank, key):
-    """This rank's flat partition of tensor ``key`` of one group (padding zero)."""
+def _cut(checkpoint_dir, described, world_size, rank, key, pieces):
+    """This rank's flat partition of tensor ``key`` of one group (padding zero), out of this
+    rank's piece of each parameter (``pieces``: tensor-parallel slices)."""
     needed = sorted({name for name, *_ in
                      layout_math.partition_ranges(described, world_size, rank)})
-    whole = {n: load_param_state(checkpoint_dir, n, key).reshape(-1) for n in needed}
+    whole = {n: load_param_state(checkpoint_dir, n, key, piece=pieces.get(n)).reshape(-1)
+             for n in needed}
     dtype = next(iter(whole.values())).dtype if whole else torch.float32
     return layout_math.split(described, world_size, rank, whole, dtype=dtype)
 
@@ -56,21 +57,23 @@ def universal_partition_state_dict(opt, checkpoint_dir):
     """A ``partition_state_dict`` (see ``deepspeed.zero.partition_state``) for this rank of
     ``opt``'s current layout, built from the universal checkpoint in ``checkpoint_dir``."""
     info = read_info(checkpoint_dir)
-    names, partial = dict(opt.param_names), []
+    names, partial, pieces = dict(opt.param_names), [], {}
     for layout in opt.layouts:
         params = [p for bucket in layout.buckets for p in bucket.params]
         names.update({id(p): getattr(p, UNIVERSAL_CHECKPOINT_NAME, names.get(id(p)))
                       for p in params})
+        pieces.update({names[id(p)]: tuple(getattr(p, UNIVERSAL_CHECKPOINT_SLICE))
+                       for p in params if hasattr(p, UNIVERSAL_CHECKPOINT_SLICE)})
         partial.append(any(hasattr(p, UNIVERSAL_CHECKPOINT_NAME) for p in params))
     described = layout_math.describe(opt.layouts, names)
-    _check_groups(info, described, checkpoint_dir, partial)
+    _check_groups(info, described, checkpoint_dir, partial, pieces)
     comms = getattr(opt, "group_comms", None)
     fp32, states = [], []
     for group, buckets in enumerate(described):
         # a group partitioned over its own process group (MoE experts) is cut for it
         world, rank = (comms[group][2], comms[group][1]) if comms else (opt.world_size, opt.rank)
-        fp32.append(_cut(checkpoint_dir, buckets, world, rank, FP32_KEY))
-        states.append({key: _cut(checkpoint_dir, buckets, world, rank, key)
+        fp32.append(_cut(checkpoint_dir, buckets, world, rank, FP32_KEY, pieces))
+        states.append({key: _cut(checkpoint_dir, buckets, world, rank, key, pieces)
                        for key in info["state_keys"][group]})
     frozen = {}
     for name in frozen_zero3_params(opt):

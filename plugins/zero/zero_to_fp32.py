@@ -257,12 +257,14 @@ def _mp_ranks(tag_dir):
     return sorted({int(m.group(2)) for m in map(OPTIM_FILE_RE.match, os.listdir(tag_dir)) if m})
 
 
-def _pipeline_layer_entries(tag_dir, model_states):
+def _pipeline_layer_entries(tag_dir, model_states, tensor_rank=0):
     """A pipeline stage's model-states file holds ``module: None``; its layers are in
     ``layer_XX-model_states.pt`` (keys local to the layer). The stage's buffers and frozen
     parameters (named ``<global layer>.<key>``) are read from there, in layer order; trained
     parameters come from the fp32 partitions as usual. (Buffers and frozen parameters of tied
-    modules, ``tied_modules.*``, are not recovered.)"""
+    modules, ``tied_modules.*``, are not recovered.) A grid with a tensor (``model``) axis
+    names the files ``layer_XX-model_YY-model_states.pt``: tensor rank ``tensor_rank``'s are
+    read."""
     wanted = set(model_states.get("buffer_names") or ()) | \
         set(_frozen_shapes(model_states))
     trained = {n for group in model_states.get("param_shapes") or [] for n in group}
@@ -270,8 +272,10 @@ def _pipeline_layer_entries(tag_dir, model_states):
                      if n.split(".", 1)[0].isdigit()})
     entries = OrderedDict()
     for idx in layers:
-        path = os.path.join(tag_dir, f"layer_{idx:02d}-model_states.pt")
-        if not os.path.isfile(path):
+        paths = [os.path.join(tag_dir, f"layer_{idx:02d}{repr_}-model_states.pt")
+                 for repr_ in ("", f"-model_{tensor_rank:02d}")]
+        path = next((p for p in paths if os.path.isfile(p)), None)
+        if path is None:
             continue
         for key, value in _load(path).items():
             name = f"{idx}.{key}"

@@ -89,9 +89,9 @@ def test_missing_files_are_named(saved, tmp_path):
     model, _ = build("llama")
     with pytest.raises(FileNotFoundError, match="2 of the 3 .*gone_1.pt.*gone_2.pt"):
         deepspeed.init_inference(model, dtype=torch.float, checkpoint=str(descriptor))
-    with pytest.raises(ValueError, match="type 'Megatron' .* not supported"):
+    with pytest.raises(ValueError, match="type 'Megatron-LM' .* not supported"):
         deepspeed.init_inference(model, dtype=torch.float,
-                                 checkpoint={"type": "Megatron", "checkpoints": []})
+                                 checkpoint={"type": "Megatron-LM", "checkpoints": []})
 
 
 def test_a_checkpoint_lacking_a_parameter_names_it(saved):
@@ -105,12 +105,88 @@ def test_a_checkpoint_lacking_a_parameter_names_it(saved):
         deepspeed.init_inference(model, dtype=torch.float, checkpoint=part)
 
 
-def test_unimplemented_checkpoint_options_are_named():
+def _megatron_pieces(state, tp):
+    """``state`` as a Megatron-style run of ``tp`` tensor-parallel ranks would hold it: column
+    -parallel projections and the vocabulary split along 0, row-parallel ones along 1, norms
+    replicated; each rank's dict nested by key path under ``model``."""
+    pieces = [{} for _ in range(tp)]
+    for key, value in state.items():
+        if any(n in key for n in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj",
+                                  "embed_tokens", "lm_head")):
+            parts = value.chunk(tp, 0)
+        elif "o_proj" in key or "down_proj" in key:
+            parts = value.chunk(tp, 1)
+        else:
+            parts = [value] * tp
+        for rank, part in enumerate(parts):
+            node = pieces[rank]
+            *path, leaf = key.split(".")
+            for name in path:
+                node = node.setdefault(name, {})
+            node[leaf] = part.clone()
+    return [{"model": p, "checkpoint_version": 3.0} for p in pieces]
+
+
+def test_megatron_checkpoint_merges_its_tensor_parallel_ranks(tmp_path):
+    import os
+
+    import deepspeed
+    from deepspeed.inference.checkpoint import empty_init
+
+    reference, _ = build("llama", seed=7)
+    ids = input_ids()
+    with torch.no_grad():
+        want = reference(ids).logits
+    names = []
+    for rank, piece in enumerate(_megatron_pieces(reference.state_dict(), 2)):
+        os.makedirs(tmp_path / f"mp_rank_{rank:02d}")
+        names.append(f"mp_rank_{rank:02d}/model_optim_rng.pt")
+        torch.save(piece, tmp_path / names[-1])
+    for checkpoint, kwargs in (
+            ({"type": "Megatron", "version": 0.0, "checkpoints": names, "mp_size": 2}, {}),
+            ({"type": "ds_model", "checkpoints": names}, {"training_mp_size": 2})):
+        with empty_init():
+            model, _ = build("llama", seed=123)  # all weights must come from the files
+        engine = deepspeed.init_inference(model, dtype=torch.float, base_dir=str(tmp_path),
+                                          checkpoint=checkpoint, **kwargs)
+        with torch.no_grad():
+            assert torch.equal(engine(ids).logits, want)
+        assert engine.checkpoint_stats["files"] == 2
+    model, _ = build("llama")
+    with pytest.raises(ValueError, match="2 files for a tensor-parallel size of \\[2, 3\\]"):
+        deepspeed.init_inference(model, dtype=torch.float, base_dir=str(tmp_path),
+                                 training_mp_size=3, checkpoint={"type": "Megatron",
+                                                                 "checkpoints": names})
+    with pytest.raises(ValueError, match="training_mp_size=2 .* no checkpoint= is given"):
+        deepspeed.init_inference(model, dtype=torch.float, training_mp_size=2)
+
+
+def _save_split(checkpoint, path):
     import deepspeed
 
-    with pytest.raises(NotImplementedError, match="save_mp_checkpoint_path='out'"):
-        deepspeed.init_inference(torch.nn.Linear(2, 2), dtype=torch.float,
-                                 save_mp_checkpoint_path="out")
-    with pytest.raises(NotImplementedError, match="training_mp_size=2"):
-        deepspeed.init_inference(torch.nn.Linear(2, 2), dtype=torch.float, training_mp_size=2,
-                                 checkpoint={"type": "ds_model", "checkpoints": []})
+    model, _ = build("llama", seed=123)
+    engine = deepspeed.init_inference(model, dtype=torch.float, checkpoint=checkpoint,
+                                      tensor_parallel={"tp_size": 2},
+                                      save_mp_checkpoint_path=path)
+    return engine.saved_checkpoint
+
+
+def test_save_mp_checkpoint_path_writes_the_split_model_which_loads_at_any_tp_size(
+        dist_pool, saved, tmp_path):
+    import os
+
+    descriptors = dist_pool.run(_save_split, world_size=2, args=(saved["llama"],
+                                                                 str(tmp_path / "split")))
+    assert descriptors == [str(tmp_path / "split" / "ds_inference_config.json")] * 2
+    descriptor = json.loads((tmp_path / "split" / "ds_inference_config.json").read_text())
+    assert descriptor["tp_size"] == 2 and descriptor["parallelization"] == "tp"
+    assert descriptor["checkpoints"] == {"tp": ["tp_rank_00.pt", "tp_rank_01.pt"]}
+    ranks = [torch.load(tmp_path / "split" / f, weights_only=True)
+             for f in descriptor["checkpoints"]["tp"]]
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert ranks[0][q].shape[0] * 2 == build("llama")[0].state_dict()[q].shape[0]
+    assert not torch.equal(ranks[0][q], ranks[1][q])
+    assert sorted(os.listdir(tmp_path / "split")) == ["ds_inference_config.json",
+                                                      "tp_rank_00.pt", "tp_rank_01.pt"]
+    diff, *_ = _load_split("llama", descriptors[0], 1)  # merged again, at tp_size 1
+    assert diff == 0

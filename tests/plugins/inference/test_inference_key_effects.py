@@ -89,9 +89,11 @@ def test_checkpoint_config_names_the_checkpoint_and_its_directory(tmp_path):
         torch.nn.Linear(4, 3), dtype=torch.float,
         checkpoint_config={"checkpoint_dir": str(descriptor), "base_dir": str(tmp_path)})
     assert torch.equal(engine.module.weight, saved.weight)
-    with pytest.raises(NotImplementedError, match="save_mp_checkpoint_path"):
-        deepspeed.init_inference(torch.nn.Linear(4, 3),
-                                 checkpoint_config={"save_mp_checkpoint_path": str(tmp_path)})
+    engine = deepspeed.init_inference(  # the split model (one rank here) and its descriptor
+        torch.nn.Linear(4, 3), dtype=torch.float, checkpoint=str(tmp_path / "weights.pt"),
+        checkpoint_config={"save_mp_checkpoint_path": str(tmp_path / "split")})
+    assert engine.saved_checkpoint == str(tmp_path / "split" / "ds_inference_config.json")
+    assert torch.equal(torch.load(tmp_path / "split" / "tp_rank_00.pt")["weight"], saved.weight)
 
 
 # ---------------------------------------------------------------------- quant

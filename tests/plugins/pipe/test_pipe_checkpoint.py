@@ -401,7 +401,10 @@ def _universal_into_pipeline(save_dir):
     return None
 
 
-def test_a_universal_checkpoint_into_a_pipeline_engine_is_a_clear_error(dist_pool, tmp_path):
+def test_load_universal_of_a_pipeline_checkpoint_names_the_conversion(dist_pool, tmp_path):
+    """A pipeline's own checkpoint loaded with ``load_universal`` (universal checkpoints load
+    into a PipelineEngine: tests/plugins/pipe/test_pipe_universal_reshape.py) is refused with
+    what it is instead."""
     messages = dist_pool.run(_universal_into_pipeline, world_size=2, args=(str(tmp_path),))
-    assert all(m and "universal checkpoint into a PipelineEngine is not supported" in m
+    assert all(m and "is not a universal checkpoint" in m and "load_universal" in m
                for m in messages)
