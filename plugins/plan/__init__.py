@@ -23,3 +23,10 @@ __all__ = ["Cluster", "cluster", "Collective", "by_name", "per_step", "Layout", 
            "layout_from_config", "MemoryPlan", "memory_per_rank", "ModelSpec", "from_module",
            "from_transformers", "load_model", "describe_model", "Estimate", "estimate", "layouts",
            "search"]
+
+# the other submodules (cli, measure, plugin) are reachable as attributes, as upstream's are
+# after a bare ``import deepspeed``; the names above stay eager: ``search`` and ``cluster`` are
+# both a submodule and a function, and the import above makes the function win
+from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+
+__getattr__, __dir__ = lazy_exports(__name__)
