@@ -11,6 +11,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEMO = os.path.join(REPO, "examples", "train_demo.py")
+EXAMPLE_CONFIG = os.path.join(REPO, "examples", "autotuning", "ds_config.json")
 
 
 def _deepspeed(args, cwd, timeout=580):
@@ -20,13 +21,14 @@ def _deepspeed(args, cwd, timeout=580):
 
 @pytest.mark.timeout(600)  # 3 two-rank jobs: about a minute, far more on a loaded machine
 def test_tune_on_the_demo_gpt(tmp_path):
-    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": [0, 1]},
-              "optimizer": {"type": "AdamW", "params": {"lr": 5e-3}},
-              "autotuning": {"enabled": True, "start_profile_step": 1, "end_profile_step": 2,
-                             "tuner_type": "gridsearch"}}
+    """The README's autotuning example (examples/autotuning/ds_config.json: model-based tuner,
+    fast mode, profile window 2-4), its search narrowed to ZeRO 0 and 1 at micro-batch 4; this
+    is the example's test (tests/e2e/test_examples.py names it)."""
+    config = json.loads(open(EXAMPLE_CONFIG).read())
+    config.update({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": [0, 1]}})
     (tmp_path / "ds_config.json").write_text(json.dumps(config))
     out = _deepspeed(["--autotuning", "tune", "--num_gpus", "2", DEMO,
-                      "--deepspeed_config", "ds_config.json"], tmp_path)
+                      "--deepspeed_config", "ds_config.json", "--steps", "6"], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = tmp_path / "autotuning_results"
     summary = json.loads((results / "summary.json").read_text())
@@ -41,7 +43,8 @@ def test_tune_on_the_demo_gpt(tmp_path):
         assert summary["tuning_spaces"][stage]["num_experiments"] == 1
     for name in names:  # measured by the engine's timers over the profile window
         metrics = next(r["metrics"] for r in summary["experiments"] if r["name"] == name)
-        assert metrics["measured_steps"] == 1 and metrics["train_batch_size"] == 8
+        window = config["autotuning"]["end_profile_step"] - config["autotuning"]["start_profile_step"]
+        assert metrics["measured_steps"] == window == 2 and metrics["train_batch_size"] == 8
         # the slowest rank's forward + backward + step; rank 0's phases are one of them
         assert metrics["latency"] >= sum(metrics["phases_ms"].values()) * (1 - 1e-9) > 0
     assert sorted(os.listdir(tmp_path / "autotuning_exps")) == \
