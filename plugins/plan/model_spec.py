@@ -204,8 +204,14 @@ def _build_hf(config, layers):
 
     config = config.__class__.from_dict({**config.to_dict(), "num_hidden_layers": layers})
     config._attn_implementation = "sdpa"
+    import transformers
+    from packaging.version import Version
+
+    # transformers 4.56 renamed ``torch_dtype`` to ``dtype`` and warns on the old name
+    new_name = Version(transformers.__version__) >= Version("4.56")
+    dtype = {"dtype" if new_name else "torch_dtype": torch.bfloat16}
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+        return AutoModelForCausalLM.from_config(config, **dtype)
 
 
 def from_transformers(name_or_dict, seq_len: int = 2048) -> ModelSpec:
