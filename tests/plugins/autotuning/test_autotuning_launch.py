@@ -21,11 +21,12 @@ def _deepspeed(args, cwd, timeout=580):
 
 @pytest.mark.timeout(600)  # 3 two-rank jobs: about a minute, far more on a loaded machine
 def test_tune_on_the_demo_gpt(tmp_path):
-    """The README's autotuning example (examples/autotuning/ds_config.json: model-based tuner,
-    fast mode, profile window 2-4), its search narrowed to ZeRO 0 and 1 at micro-batch 4; this
+    """The README's autotuning example (examples/autotuning/ds_config.json: fast mode, profile
+    window 2-4), its search narrowed to ZeRO 0 and 1 at micro-batch 4 under the grid tuner; this
     is the example's test (tests/e2e/test_examples.py names it)."""
     config = json.loads(open(EXAMPLE_CONFIG).read())
     config.update({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": [0, 1]}})
+    config["autotuning"]["tuner_type"] = "gridsearch"  # every point of the 2-experiment space
     (tmp_path / "ds_config.json").write_text(json.dumps(config))
     out = _deepspeed(["--autotuning", "tune", "--num_gpus", "2", DEMO,
                       "--deepspeed_config", "ds_config.json", "--steps", "6"], tmp_path)
