@@ -44,6 +44,14 @@ def reference_losses(steps, world):
 _RUNS = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_runs():
+    """The shared runs (weights and comms summaries of every rank) live as long as this file's
+    tests, not for the rest of the worker's session."""
+    yield
+    _RUNS.clear()
+
+
 def _run(dist_pool, world, extra, **kwargs):
     """One 20-step run per (world, flags, dtype) for the whole file: the loss, hpZ and byte
     tests read the same runs (each is ~8 CPU s on 4 ranks)."""
