@@ -36,7 +36,8 @@ __device__ float block_sum(float value, float* shared) {
 
 template <typename T, typename S>
 struct LambMomentsOp {
-    float beta1, beta2, eps, weight_decay, inv_grad_scale;
+    // 1 - beta comes rounded from double (1.f - float(0.999) is off by 1.3e-5 relative)
+    float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, inv_grad_scale;
     int eps_inside_sqrt;
     float* norms_sq;  // [2 * num_tensors]: param sums of squares, then update sums of squares
     int num_tensors;
@@ -62,8 +63,8 @@ struct LambMomentsOp {
 #pragma unroll
             for (int k = 0; k < N; ++k) {
                 const float gk = gf[k] * inv_grad_scale;
-                mf[k] = beta1 * mf[k] + (1.f - beta1) * gk;
-                vf[k] = beta2 * vf[k] + (1.f - beta2) * gk * gk;
+                mf[k] = beta1 * mf[k] + one_minus_beta1 * gk;
+                vf[k] = beta2 * vf[k] + one_minus_beta2 * gk * gk;
                 const float denom = eps_inside_sqrt ? sqrtf(vf[k] + eps) : sqrtf(vf[k]) + eps;
                 uf[k] = mf[k] / denom + weight_decay * pf[k];
                 p_sq += pf[k] * pf[k];
@@ -122,7 +123,7 @@ struct LambApplyOp {
 };
 
 struct LambHyper {
-    float beta1, beta2, eps, weight_decay, inv_grad_scale;
+    float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, inv_grad_scale;
     int eps_inside_sqrt;
     float step_size, min_coeff, max_coeff;
 };
@@ -140,7 +141,7 @@ std::vector<void*> lamb_update_views(float* updates_base, int num_tensors, const
 
 template <typename T, typename S>
 LambMomentsOp<T, S> lamb_moments_op(const LambHyper& hp, float* norms_sq, int num_tensors) {
-    return {hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.inv_grad_scale, hp.eps_inside_sqrt,
+    return {hp.beta1, hp.beta2, hp.one_minus_beta1, hp.one_minus_beta2, hp.eps, hp.weight_decay, hp.inv_grad_scale, hp.eps_inside_sqrt,
             norms_sq, num_tensors};
 }
 
@@ -188,6 +189,7 @@ LambHyper lamb_hyper(double lr, double beta1, double beta2, double eps, bool eps
                     (1.0 - pow(beta1, static_cast<double>(step)));
     }
     return LambHyper{static_cast<float>(beta1), static_cast<float>(beta2),
+                     static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2),
                      static_cast<float>(eps), static_cast<float>(weight_decay),
                      static_cast<float>(1.0 / grad_scale), eps_inside_sqrt ? 1 : 0,
                      static_cast<float>(step_size), static_cast<float>(min_coeff),

@@ -12,14 +12,16 @@
 namespace ds_optim {
 
 struct LionHyper {
-    float lr, beta1, beta2, weight_decay;
+    // 1 - beta and 1 - lr*wd come rounded from double: in fp32 registers 1 - float(0.99) is
+    // off by ~1e-6 relative
+    float lr, one_minus_beta1, one_minus_beta2, decay, weight_decay;
 
     DS_HD void update(float& p, float g, float& m) const {
-        const float blend = m + (1.f - beta1) * (g - m);
+        const float blend = m + one_minus_beta1 * (g - m);
         const float c = blend > 0.f ? 1.f : (blend < 0.f ? -1.f : 0.f);
-        if (weight_decay != 0.f) p *= 1.f - lr * weight_decay;
+        if (weight_decay != 0.f) p *= decay;
         p -= lr * c;
-        m = m + (1.f - beta2) * (g - m);
+        m = m + one_minus_beta2 * (g - m);
     }
 };
 
@@ -72,8 +74,10 @@ const char* launch_multi_tensor_lion(int dtype, int state_dtype, int64_t min_sha
     if (min_share <= 0) return "multi_tensor_lion: chunk_size must be positive";
     if (state_dtype != dtype && state_dtype != static_cast<int>(DType::kFloat32))
         return "multi_tensor_lion: exp_avg must have the params' dtype or float32";
-    const LionHyper hp{static_cast<float>(lr), static_cast<float>(beta1),
-                       static_cast<float>(beta2), static_cast<float>(weight_decay)};
+    const LionHyper hp{static_cast<float>(lr), static_cast<float>(1.0 - beta1),
+                       static_cast<float>(1.0 - beta2),
+                       static_cast<float>(1.0 - lr * weight_decay),
+                       static_cast<float>(weight_decay)};
     switch (static_cast<DType>(dtype)) {
         case DType::kFloat32:
             return launch_lion<float, float>(min_share, num_tensors, lists, sizes, hp, stream);

@@ -101,13 +101,13 @@ HYPER = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
 
 
 def _adam_host(lib, params, grads, ms, vs, step, adamw, bias_correction=True, threads=3,
-               resident=11, min_share=16):
+               resident=11, min_share=16, hyper=HYPER):
     _check(lib.ds_host_adam(
         CODES[params[0].dtype], CODES[ms[0].dtype], ctypes.c_int64(min_share),
         ctypes.c_int64(resident), threads, len(params), _ptrs(params), _ptrs(grads), _ptrs(ms),
-        _ptrs(vs), _sizes(params), ctypes.c_double(HYPER["lr"]), ctypes.c_double(HYPER["beta1"]),
-        ctypes.c_double(HYPER["beta2"]), ctypes.c_double(HYPER["eps"]), ctypes.c_int64(step),
-        int(adamw), int(bias_correction), ctypes.c_double(HYPER["weight_decay"])))
+        _ptrs(vs), _sizes(params), ctypes.c_double(hyper["lr"]), ctypes.c_double(hyper["beta1"]),
+        ctypes.c_double(hyper["beta2"]), ctypes.c_double(hyper["eps"]), ctypes.c_int64(step),
+        int(adamw), int(bias_correction), ctypes.c_double(hyper["weight_decay"])))
 
 
 def _adam_run(lib, dtype, state_dtype, shifts, adamw=True, steps=3, **kw):
@@ -192,6 +192,51 @@ def test_adam_fp32_matches_torch_fused_adamw(lib):
                             maximize=False)
     for a, b in zip(got, params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # an update is ~1e-2
+
+
+# tools/bench/fused_adam_bench.py's: an update of ~1e-3 against params of ~1
+BENCH_HYPER = dict(HYPER, lr=1e-3, weight_decay=0.01)
+
+
+def _torch_cuda_adamw(params, grads, ms, vs, step, hyper):
+    """torch's CUDA fused AdamW, emulated with its expression types: fp32 storage, the
+    hyper-parameters in double (so ``beta * m + (1 - beta) * g`` and the decay are double
+    arithmetic rounded once into fp32), the bias corrections rounded to fp32, and the final
+    ``step_size * m / denom`` in fp32."""
+    lr, b1, b2, eps, wd = (hyper[k] for k in ("lr", "beta1", "beta2", "eps", "weight_decay"))
+    f32 = torch.float32
+    bias1 = torch.tensor(1 - b1 ** step, dtype=f32).double()
+    bias2_sqrt = torch.tensor(math.sqrt(1 - b2 ** step), dtype=f32)
+    step_size = torch.tensor(lr / bias1.item(), dtype=f32)
+    for p, g, m, v in zip(params, grads, ms, vs):
+        pd, gd = p.double(), g.double()
+        p.copy_((pd - lr * wd * pd).to(f32))
+        m.copy_((b1 * m.double() + (1 - b1) * gd).to(f32))
+        v.copy_((b2 * v.double() + (1 - b2) * gd * gd).to(f32))
+        denom = ((v.sqrt() / bias2_sqrt).double() + eps).to(f32)
+        p.sub_(step_size * m / denom)
+
+
+def test_adam_fp32_is_within_two_ulps_of_torch_cuda_fused_adamw(lib):
+    """Stricter than the tolerance above: no more than 0.1% of fp32 params may end a step more
+    than 2 ulps from torch's, the H200 benchmark's criterion (with its hyper-parameters; at
+    lr 1e-2 fp32 rounding of the update alone moves params below ~1e-2 by more). It failed at 2%
+    while the kernel
+    computed 1 - beta in fp32 registers (1 - float(0.999) is off by 1.3e-5 relative)."""
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.randn(n, generator=gen) for n in (65536, 4097, 1000)]
+    grads = [torch.randn(p.numel(), generator=gen) for p in params]
+    ours = [p.clone() for p in params]
+    ms, vs = [torch.zeros_like(p) for p in ours], [torch.zeros_like(p) for p in ours]
+    ref_ms, ref_vs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+    for step in (1, 2):
+        _adam_host(lib, ours, grads, ms, vs, step, adamw=True, hyper=BENCH_HYPER)
+        _torch_cuda_adamw(params, grads, ref_ms, ref_vs, step, BENCH_HYPER)
+    eps = torch.finfo(torch.float32).eps
+    off = sum(int(((a.double() - b.double()).abs()
+                   > 2 * eps * b.double().abs().clamp(min=1e-3)).sum())
+              for a, b in zip(ours, params))
+    assert off / sum(p.numel() for p in params) <= 1e-3
 
 
 LAMB = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01, max_coeff=0.5,
