@@ -3,9 +3,9 @@ flag saves.
 
 Contestants, timed in the same run on the same weights and inputs (fp32 on CPU, dropout 0, a
 padding mask): ``hf_sdpa`` (``BertLayer``, attn_implementation "sdpa", HF's default),
-``hf_eager`` (``BertLayer``, "eager"), ``ds`` (``DeepSpeedTransformerLayer``, the path the input's
-device selects: torch ops on CPU, Triton kernels on CUDA) and, on CUDA, ``ds_torch`` (the layer's
-torch path on the GPU). Each step is forward + backward (``--eval``: forward only under
+``hf_eager`` (``BertLayer``, "eager"), ``ds`` (``DeepSpeedTransformerLayer`` as a user gets it:
+its default ``auto`` backend, the torch blocks on every device) and, on CUDA, ``ds_triton`` (the
+layer's Triton kernels, ``backend="triton"``). Each step is forward + backward (``--eval``: forward only under
 ``no_grad``), in each ``--dtype`` (weights converted too; on a GPU fp16 and bf16 on one BERT-large
 layer by default, the issue's target being ``ds`` >= 1.0x ``hf_sdpa``). Median of ``--repeats``
 timings of ``--iters`` steps each, the contestants taking turns. Then the activation bytes
@@ -111,10 +111,10 @@ def bench_dtype(args, device, dtype_name):
 
     contestants = {"hf_sdpa": hf_sdpa, "hf_eager": hf_eager, "ds": ds}
     if device.type == "cuda":
-        ds_torch = DeepSpeedTransformerLayer(_config(args)).to(device=device, dtype=dtype)
-        ds_torch.load_state_dict(ds.state_dict())
-        ds_torch.backend = "torch"
-        contestants["ds_torch"] = ds_torch
+        ds_triton = DeepSpeedTransformerLayer(_config(args)).to(device=device, dtype=dtype)
+        ds_triton.load_state_dict(ds.state_dict())
+        ds_triton.backend = "triton"
+        contestants["ds_triton"] = ds_triton
     print(f"# {device} {dtype_name} hidden {args.hidden} heads {args.heads} seq {args.seq} batch "
           f"{args.batch}, {'forward' if args.eval else 'forward+backward'}, torch "
           f"{torch.__version__}, threads {torch.get_num_threads()}")

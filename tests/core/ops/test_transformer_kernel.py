@@ -283,3 +283,22 @@ def test_triton_kernels_under_the_interpreter_equal_the_torch_path():
 @pytest.mark.gpu
 def test_triton_kernels_on_gpu_equal_the_torch_path():
     run_checks("transformer_triton_checks", "cuda", interpret=False)
+
+
+def test_auto_runs_the_torch_blocks_even_where_triton_could_run(monkeypatch):
+    """``auto`` means the measured-faster torch blocks on a GPU too (see the module doc); the
+    Triton kernels run only when asked for by name."""
+    from deepspeed.ops.transformer import torch_ops, transformer
+
+    asked = []
+    answer = [True]  # as on a GPU with Triton
+    monkeypatch.setattr(transformer, "use_triton", lambda *a: asked.append(a[1]) or answer[0])
+    monkeypatch.delenv(transformer.BACKEND_ENV, raising=False)
+    layer = _layer()
+    x, _ = _inputs()
+    assert layer._ops(x) is torch_ops and asked == []
+    monkeypatch.setenv(transformer.BACKEND_ENV, "auto")
+    assert layer._ops(x) is torch_ops and asked == []
+    answer[0] = False  # leaves the Triton module unimported: only who decides is checked
+    layer.backend = "triton"
+    assert layer._ops(x) is torch_ops and asked == ["triton"]
