@@ -281,6 +281,28 @@ def per_param_deepest(args, budget_bytes, probe, key):
     return deepest(budget_bytes, fixed, _layer_params(args.n_embd) * per_param)
 
 
+def affordable_layers(args, probes, seconds_left):
+    """The deepest model whose all-on-GPU and CPU-offload timed runs, at the probes' seconds
+    (initialisation + one micro-batch step each, linear in the depth), end within 80% of
+    ``seconds_left``; None when a probe has no timing."""
+    def line(results, key):
+        two, one = results
+        if "error" in two or "error" in one:
+            return None
+        per_layer = max(two[key] - one[key], 0.0)
+        return one[key] - per_layer, per_layer  # fixed, per layer
+
+    micro_steps = (args.warmup + args.steps) * args.gas
+    fixed = per_layer = 0.0
+    for offload in ("none", "cpu"):
+        init, step = line(probes[offload], "init_s"), line(probes[offload], "step_s")
+        if init is None or step is None:
+            return None
+        fixed += init[0] + micro_steps * step[0] + 15  # + process and CUDA start
+        per_layer += init[1] + micro_steps * step[1]
+    return max(int((0.8 * seconds_left - fixed) // max(per_layer, 1e-9)), 1)
+
+
 def plan(args, info, probes):
     """The deepest model each configuration fits, from the probes (see the module doc)."""
     gpu_budget = info.get("gpu_free", 0) * args.margin
@@ -359,11 +381,16 @@ def _run(args, deadline):
         summary["runs"][name] = result
         return result
 
+    def probe(run, offload):
+        """The two probe depths, each in its own process: in one process the second model's
+        GPU peak included what the first left cached (an H200 run read a one-layer model as
+        5 GiB larger than a two-layer one, and planned for 10^11 layers)."""
+        return [run(f"probe_{offload}_{layers}", layers, offload, True) for layers in (2, 1)]
+
     offloads = ("none", "cpu", "nvme") if args.nvme or not args.dry_run else ("none", "cpu")
     if "nvme" not in offloads:
         summary["skipped"]["nvme"] = "dry run: the NVMe runs build the async_io op (--nvme)"
-    probes = {offload: run(f"probe_{offload}", [2, 1], offload, True)
-              for offload in offloads[:2]}
+    probes = {offload: probe(run, offload) for offload in offloads[:2]}
     limits = summary["limits"] = plan(args, info, probes)
     gpu_only = limits["none"].get("layers")
     cpu_max = limits["cpu"].get("layers")
@@ -371,6 +398,15 @@ def _run(args, deadline):
         print("sizing failed: " + json.dumps(limits))
     else:
         common = max(min(gpu_only, cpu_max), 1)
+        # both timed runs must end inside the budget: the probes' seconds per layer say how
+        # deep that allows (the deepest common model otherwise takes minutes per step)
+        affordable = affordable_layers(args, probes, deadline - time.monotonic())
+        if affordable is not None and affordable < common:
+            summary["skipped"]["deepest_common"] = (
+                f"{common} layers fit both ways, but the time left allows {affordable}: the "
+                f"ratio is measured at {affordable}")
+            common = affordable
+        summary["common_layers"] = common
         if args.dry_run:
             common = 2
         base = run("all_on_gpu", common, "none")
@@ -389,7 +425,7 @@ def _run(args, deadline):
                 f"host RAM bounds CPU offload to {cpu_max} layers, not deeper than the "
                 f"{gpu_only} that fit all on the GPU")
         if "nvme" in offloads:  # last: the least valuable figure if the budget runs out
-            probes["nvme"] = run("probe_nvme", [2, 1], "nvme", True)
+            probes["nvme"] = probe(run, "nvme")
             nvme = plan(args, info, {"nvme": probes["nvme"]})["nvme"]
             limits["nvme"] = summary["limits"]["nvme"] = nvme
         if args.verify_largest:
