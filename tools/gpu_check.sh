@@ -167,7 +167,8 @@ step sparse_attention 75 25 $PY $B/sparse_attention_bench.py --seqs 4096 16384 -
 step evoformer 60 20 $PY $B/evoformer_bench.py --n-res 256 384 --json "$FIG" $DRYARG
 step zeropp_kernels 40 15 $PY $B/zeropp_bench.py --kernels --json "$FIG" $DRYARG
 TESTS="tests/op_builder/test_fused_cuda.py tests/plugins/inference/test_inference_cuda_graph.py
-    tests/plugins/inference/test_inference_kernel_inject.py"
+    tests/plugins/inference/test_inference_kernel_inject.py
+    tests/plugins/sparse_attention/test_row_groups.py::test_row_groups_on_the_cuda_flash_kernel_equal_masked_dense"
 if gpu_only tests "GPU tests: on this machine they skip (the CPU suite runs their CPU parts)"; then
     # shellcheck disable=SC2086  # the list is word-split on purpose
     # the nvcc compile checks and the Triton-interpreter test are the CPU suite's (minutes here)

@@ -22,8 +22,11 @@ Heads with identical layouts run together; heads with different layouts
 the kernel's ``attn_mask``; -inf becomes -1e30 so a row that masks out every key stays finite,
 and it is then zeroed, as in the blocked path (zeros, not NaN). The masks take no gradient.
 
-Every layout and mask ``SparseSelfAttention`` accepts runs here, for CPU tensors. CUDA tensors
-with ``backend="torch"``, and ``backend="blocked"``, use the blocked path (``torch_kernels``).
+Every layout and mask ``SparseSelfAttention`` accepts runs here, for CPU tensors. On a GPU the
+same plan runs on torch's CUDA flash kernel (``aten._scaled_dot_product_flash_attention`` and its
+backward, which also return and take the log-sum-exp) for fp16/bf16 inputs without masks and a
+head dimension the kernel takes (``cuda_eligible``), with ``backend="torch"``; other CUDA
+inputs, and ``backend="blocked"``, use the blocked path (``torch_kernels``).
 """
 from dataclasses import dataclass
 
@@ -130,8 +133,49 @@ def _take(x, idx, bl, sl):
     return x[:, :, _tokens(idx.to(x.device), bl)].flatten(1, 2)
 
 
-_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+class _CpuFlash:
+    """torch's fused CPU flash kernel; masks go in as ``attn_mask``."""
+
+    @staticmethod
+    def forward(q, k, v, mask, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, attn_mask=mask, scale=scale)
+        return out, lse, None
+
+    @staticmethod
+    def backward(grad, q, k, v, out, lse, mask, scale, _meta):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale)
+
+
+class _CudaFlash:
+    """torch's CUDA flash kernel (no mask); the forward's bookkeeping outputs (sequence
+    offsets, lengths, RNG state) are kept per part and handed to its backward unchanged."""
+
+    @staticmethod
+    def forward(q, k, v, mask, scale):
+        assert mask is None, "the CUDA flash path takes no mask (see cuda_eligible)"
+        out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = \
+            torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False,
+                                                               scale=scale)
+        return out, lse, (cum_q, cum_k, max_q, max_k, rng, unused)
+
+    @staticmethod
+    def backward(grad, q, k, v, out, lse, mask, scale, meta):
+        cum_q, cum_k, max_q, max_k, rng, unused = meta
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, False, rng, unused,
+            scale=scale)
+
+
+def cuda_eligible(query, masked):
+    """Whether the row-group plan can run ``query``'s attention on the CUDA flash kernel."""
+    return (query.is_cuda and not masked and query.dtype in (torch.float16, torch.bfloat16)
+            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256)
+
+
+def _kernels(q):
+    return _CudaFlash if q.is_cuda else _CpuFlash
 
 
 def _parts(hc, z, bl, d):
@@ -158,9 +202,11 @@ class _Merged(torch.autograd.Function):
         z, nh, s, d = q.shape
         acc = torch.promote_types(q.dtype, torch.float32)
         out = lse = None
+        kernels, metas = _kernels(q), []
         for (rows, cols, rsl, csl), mask in zip(_parts(hc, z, bl, d), masks):
-            o, l = _fwd(_rows_of(q, rows, bl, rsl), _take(k, cols, bl, csl), _take(v, cols, bl, csl),
-                        attn_mask=mask, scale=scale)
+            o, l, meta = kernels.forward(_rows_of(q, rows, bl, rsl), _take(k, cols, bl, csl),
+                                         _take(v, cols, bl, csl), mask, scale)
+            metas.append(meta)
             g = 1 if rows is None else rows.shape[0]
             o = o.unflatten(1, (nh, g)).flatten(2, 3).to(acc)
             l = l.unflatten(1, (nh, g)).flatten(2, 3).to(acc)
@@ -190,6 +236,7 @@ class _Merged(torch.autograd.Function):
             out.masked_fill_(dead[..., None], 0.0)
         out = out.to(q.dtype)
         ctx.hc, ctx.bl, ctx.scale, ctx.masks, ctx.dead = hc, bl, scale, masks, dead
+        ctx.kernels, ctx.metas = kernels, metas
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
@@ -203,11 +250,12 @@ class _Merged(torch.autograd.Function):
             grad = grad.masked_fill(ctx.dead[..., None], 0.0)
         lse = lse.to(torch.float32) if q.dtype != torch.float64 else lse
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for (rows, cols, rsl, csl), mask in zip(_parts(hc, z, bl, d), ctx.masks):
-            gq, gk, gv = _bwd(_rows_of(grad, rows, bl, rsl), _rows_of(q, rows, bl, rsl),
-                              _take(k, cols, bl, csl), _take(v, cols, bl, csl),
-                              _rows_of(out, rows, bl, rsl), _rows_of(lse, rows, bl, rsl).contiguous(),
-                              0.0, False, attn_mask=mask, scale=scale)
+        for (rows, cols, rsl, csl), mask, meta in zip(_parts(hc, z, bl, d), ctx.masks,
+                                                       ctx.metas):
+            gq, gk, gv = ctx.kernels.backward(
+                _rows_of(grad, rows, bl, rsl), _rows_of(q, rows, bl, rsl),
+                _take(k, cols, bl, csl), _take(v, cols, bl, csl), _rows_of(out, rows, bl, rsl),
+                _rows_of(lse, rows, bl, rsl).contiguous(), mask, scale, meta)
             g = 1 if rows is None else rows.shape[0]
             gq = gq.unflatten(1, (nh, g)).flatten(2, 3)
             if rows is None:

@@ -1,8 +1,8 @@
 """``SparseSelfAttention``: softmax(Q K^T * scale + masks) V computed on a sparsity pattern's
-blocks only. On the torch path (CPU) that is the fused row-group attention of
-``row_groups.py`` (one SDPA call per stack of query rows sharing their key blocks); with Triton
-(CUDA), or ``backend="blocked"``, it is three block-sparse ops (``sdd`` scores, ``Softmax``,
-``dsd`` context).
+blocks only. On the torch path (CPU, and on a GPU with ``backend="torch"`` for unmasked fp16/bf16
+inputs) that is the fused row-group attention of ``row_groups.py`` (one flash-attention call per
+stack of query rows sharing their key blocks); with Triton (CUDA), or ``backend="blocked"``, it
+is three block-sparse ops (``sdd`` scores, ``Softmax``, ``dsd`` context).
 
 The layout is made once for ``max_seq_length`` and cut to each input's length (the pattern's
 top-left corner), so one module serves every length up to the maximum that is a multiple of
@@ -107,8 +107,8 @@ class SparseSelfAttention(nn.Module):
         if attn_mask is not None:
             attn_mask = _squeeze_mask(attn_mask, "attn_mask", 2)
         scale = float(head_dim) ** -0.5
-        if query.device.type == "cpu" and check_backend(self.backend) != "blocked" and \
-                kernels_for(query, self.backend).__name__.endswith("torch_kernels"):
+        masked = rpe is not None or key_padding_mask is not None or attn_mask is not None
+        if self._runs_row_groups(query, masked):
             return self._row_groups(query, key, value, softmax, row_groups.plan(softmax.layout),
                                     scale, rpe, key_padding_mask, attn_mask)
         scores = sdd(query, key)
@@ -117,6 +117,16 @@ class SparseSelfAttention(nn.Module):
                         key_padding_mask_mode=self.key_padding_mask_mode,
                         attn_mask_mode=self.attn_mask_mode)
         return dsd(probs, value)
+
+    def _runs_row_groups(self, query, masked):
+        """The fused row-group path: on CPU wherever the torch kernels run; on a GPU with
+        ``backend="torch"`` for inputs torch's flash kernel takes (``row_groups.cuda_eligible``)."""
+        backend = check_backend(self.backend)
+        if backend == "blocked":
+            return False
+        if query.device.type == "cpu":
+            return kernels_for(query, self.backend).__name__.endswith("torch_kernels")
+        return backend == "torch" and row_groups.cuda_eligible(query, masked)
 
     def _row_groups(self, query, key, value, softmax, classes, scale, rpe, key_padding_mask,
                     attn_mask):

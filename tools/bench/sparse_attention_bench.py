@@ -11,7 +11,8 @@ batch 1, 8 heads, head dim 64. Prints density, time and memory side by side and 
 ``time ratio <= 2 * density + 0.1``.
 
 On a GPU (``--device cuda``, the default where one is): fp16, ``sparse`` is the Triton
-block-sparse kernels, ``dense`` is SDPA held to its flash kernel, ``blocked`` is left out unless
+block-sparse kernels, ``row_groups`` the row-group plan on torch's CUDA flash kernel
+(``backend="torch"``), ``dense`` is SDPA held to its flash kernel, ``blocked`` is left out unless
 asked for; times are synchronised wall clock (best of ``--repeats`` after a warm-up that
 includes Triton's compile), memory is the caching allocator's peak above the inputs.
 ``--block`` takes several block sizes (the pattern keeps 4 local blocks and 1 global one each).
@@ -49,8 +50,8 @@ def _child(kind, seq, repeats, attention, block, device_name):
                for _ in range(3))
     cfg = FixedSparsityConfig(HEADS, block=block, num_local_blocks=4, num_global_blocks=1,
                               attention=attention)
-    sparse = SparseSelfAttention(cfg, max_seq_length=seq,
-                                 backend="blocked" if kind == "blocked" else None)
+    backend = {"blocked": "blocked", "row_groups": "torch"}.get(kind)
+    sparse = SparseSelfAttention(cfg, max_seq_length=seq, backend=backend)
     layout = sparse.get_layout(seq)
     density = float(layout.float().mean())
     if kind == "flex":
@@ -65,7 +66,7 @@ def _child(kind, seq, repeats, attention, block, device_name):
 
         def run():
             return compiled(q, k, v, block_mask=block_mask)
-    elif kind in ("sparse", "blocked"):
+    elif kind in ("sparse", "blocked", "row_groups"):
         def run():
             return sparse(q, k, v)
     else:
@@ -144,6 +145,8 @@ def main(argv=None):
     kinds = ["sparse", "blocked", "dense"]
     if args.skip_blocked or (on_gpu and not args.with_blocked):
         kinds.remove("blocked")
+    if on_gpu:  # the row-group plan on torch's CUDA flash kernel (backend="torch")
+        kinds.insert(1, "row_groups")
     if args.flex:
         kinds.insert(-1, "flex")
     print(f"{'seq':>6} {'block':>5} {'density':>8} {'target':>7} {'path':>8} {'time s':>8} "
@@ -168,9 +171,10 @@ def main(argv=None):
                 figures.update({f"{key}_ms": r["time_s"] * 1e3, f"{key}_density": r["density"],
                                 f"{key}_time_vs_dense": ratio, f"{key}_target": limit,
                                 f"{key}_peak_mib": r["peak_extra_mib"]})
-                if kind == "sparse":
-                    targets[f"sparse_attention_{seq}_block{block}_time_vs_dense"] = target(
-                        ratio, "<=", limit)
+                if kind in ("sparse", "row_groups"):
+                    suffix = "" if kind == "sparse" else "_row_groups"
+                    targets[f"sparse_attention_{seq}_block{block}{suffix}_time_vs_dense"] = \
+                        target(ratio, "<=", limit)
                 print(f"{seq:>6} {block:>5} {r['density']:>8.3f} {limit:>7.2f} {kind:>8} "
                       f"{r['time_s']:>8.4f} {r['first_s']:>8.3f} {ratio:>6.2f} "
                       f"{r['peak_extra_mib']:>9.0f}   nnz blocks {r['nnz_blocks']}")

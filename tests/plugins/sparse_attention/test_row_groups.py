@@ -139,3 +139,26 @@ def test_blocked_backend_still_runs_the_ops():
     q, k, v = _qkv(1, 2, 64, 8, seed=6)
     attn(q, k, v)
     assert (2, 64) in attn._ops                           # went through sdd / softmax / dsd
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch's flash kernel)")
+@pytest.mark.parametrize("name", ["fixed", "fixed-causal", "fixed-per-head", "bigbird-per-head"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_row_groups_on_the_cuda_flash_kernel_equal_masked_dense(name, dtype):
+    """``backend="torch"`` on a GPU: the same plan on torch's CUDA flash kernel, forward and
+    backward, against masked dense attention computed in fp32 from the same inputs."""
+    cfg = CONFIGS[name]()
+    attn = SparseSelfAttention(cfg, max_seq_length=S, backend="torch")
+    q, k, v = (t.detach().to("cuda", dtype).requires_grad_() for t in _qkv(2, 4, S, 64, seed=1))
+    assert row_groups.cuda_eligible(q, masked=False) and attn._runs_row_groups(q, False)
+    out = attn(q, k, v)
+    layout = attn.get_layout(S).cpu()
+    ref_inputs = [t.detach().float().cpu().requires_grad_() for t in (q, k, v)]
+    ref = _reference(*ref_inputs, layout)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=4e-3, rtol=4e-3)
+    torch.testing.assert_close(out.float().cpu(), ref, **tol)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    got = torch.autograd.grad(out, (q, k, v), g.to("cuda", dtype))
+    want = torch.autograd.grad(ref, ref_inputs, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float().cpu(), b, **tol)
