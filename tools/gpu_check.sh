@@ -92,7 +92,7 @@ fi
 cat "$OUT/env.txt"
 PREBUILD_LOG=/tmp/gpu_check_prebuild.log
 rm -f "$PREBUILD_LOG"
-if [ "$DRY" != 1 ] && [ -z "${GPU_CHECK_ONLY:-}" ]; then
+if [ "$DRY" != 1 ] && { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" zero_offload "* ]]; }; then
     # the host ops ZeRO-Offload needs build while the first steps run on the GPU (a benchmark
     # that needs one first waits on torch's build lock rather than building it again)
     $PY -c "from deepspeed.ops.op_builder import get_op_builder as g
