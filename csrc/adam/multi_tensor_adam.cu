@@ -37,11 +37,13 @@ struct AdamOp {
     AdamHyper hp;
 
     // Elements per thread per round: 8, i.e. one 16-byte word of each 16-bit list and two of
-    // each fp32 one. With 1024 resident threads per SM (64 registers each) the bytes in flight
-    // set the speed of this latency-bound update: on an H200, fp32 lists at one word each (4
-    // elements, 64 B per thread) ran at 2.1 TB/s and 0.97x torch's fused AdamW, while 16-bit
-    // params with fp32 moments at 8 elements (96 B) ran at 2.9 TB/s. 16 elements of 16-bit
-    // lists would need 64 floats of registers and spill.
+    // each fp32 one, so that fp32 lists keep as many bytes in flight per thread (latency-bound
+    // at 1024 resident threads per SM, 64 registers each) as 16-bit params with fp32 moments,
+    // which ran at 2.7-2.9 TB/s on an H200 when the op was fed ready lists. (The fp32 step at 4
+    // elements measured 0.97x torch's fused AdamW, at 8 0.93x on another H200, both through
+    // FusedAdam.step whose host bookkeeping then dominated: the kernel's own fp32 speed at
+    // either width is not separated yet.) 16 elements of 16-bit lists would need 64 floats of
+    // registers and spill.
     static constexpr int kVec = 8;
 
     DS_HD void operator()(void* const* ptrs, int64_t offset, int64_t n, int) const {

@@ -47,19 +47,24 @@ def load_cuda_op(name):
 
 def kernel_accepts(tensor_lists):
     """Whether one launch of a multi-tensor kernel can take these lists ([params, grads,
-    *states]): one CUDA device; params and grads of one dtype the kernels have
-    (fp32/fp16/bf16); the states of that dtype or fp32; all contiguous (the kernels walk raw
-    pointers)."""
+    *states]): a CUDA device; params and grads of one dtype the kernels have (fp32/fp16/bf16);
+    the states of that dtype or fp32; all contiguous (the kernels walk raw pointers). One
+    device is checked on the first tensor only: a bucket's params share one (it is part of the
+    bucket's key), their grads and states live with them, and the op's frontend checks every
+    tensor again and raises rather than launch on a mixed list. Per step this runs over every
+    tensor of the optimizer, so it reads only dtypes and contiguity (a device object per tensor
+    cost more host time than the H200 kernel itself)."""
     first = tensor_lists[0][0]
-    if first.device.type != "cuda" or first.dtype not in (torch.float32, torch.float16,
-                                                          torch.bfloat16):
+    dtype = first.dtype
+    if first.device.type != "cuda" or dtype not in (torch.float32, torch.float16,
+                                                    torch.bfloat16):
         return False
-    state_dtype = tensor_lists[2][0].dtype if len(tensor_lists) > 2 else first.dtype
-    if state_dtype not in (first.dtype, torch.float32):
+    state_dtype = tensor_lists[2][0].dtype if len(tensor_lists) > 2 else dtype
+    if state_dtype is not dtype and state_dtype is not torch.float32:
         return False
-    return all(t.dtype == (first.dtype if index < 2 else state_dtype)
-               and t.device == first.device and t.is_contiguous()
-               for index, tensors in enumerate(tensor_lists) for t in tensors)
+    return all(all(t.dtype is want and t.is_contiguous() for t in tensors)
+               for want, tensors in zip([dtype, dtype] + [state_dtype] * (len(tensor_lists) - 2),
+                                        tensor_lists))
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms", "grad_scaler")
 

@@ -315,3 +315,48 @@ def test_fused_optimizers_on_gpu_match_the_host(make, dtype):
         opt_device.step()
     for a, b in zip(host, device):
         torch.testing.assert_close(b.detach().cpu(), a.detach())  # dtype-dependent tolerances
+
+
+def test_reused_bucket_layout_follows_replaced_state_params_and_missing_grads():
+    """The fused optimizers keep a group's bucketing between steps (its host cost rivalled
+    the GPU kernel's); what they must still see each step: state entries replaced whole (as
+    checkpoint loading does), a param converted to another dtype, and params without grads."""
+    from deepspeed.ops.adam import FusedAdam
+
+    def run(tamper):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(5)) for _ in range(3)]
+        opt = FusedAdam(params, lr=0.1)
+        for step in range(4):
+            for i, p in enumerate(params):
+                p.grad = None if (step == 2 and i == 1) else torch.full_like(p, 0.5 + i)
+            tamper(step, opt, params)
+            opt.step()
+        return [p.detach().clone() for p in params], opt
+
+    baseline, _ = run(lambda *a: None)
+
+    def replace_state(step, opt, params):
+        if step == 3:  # a loaded checkpoint's entry, as a new dict
+            opt.state[params[0]] = {k: torch.zeros_like(v) for k, v in opt.state[params[0]].items()}
+
+    replaced, _ = run(replace_state)
+    assert torch.equal(replaced[1], baseline[1]) and torch.equal(replaced[2], baseline[2])
+    assert not torch.equal(replaced[0], baseline[0])  # fresh moments took effect
+
+    def to_double(step, opt, params):
+        if step == 3:
+            params[2].data = params[2].data.double()
+            params[2].grad = params[2].grad.double()
+
+    with pytest.raises(RuntimeError, match="float64"):  # rebucketed, hence refused by dtype
+        run(to_double)
+
+    skipped = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))]
+    opt = FusedAdam(skipped, lr=0.1)
+    for step in range(3):
+        skipped[0].grad = torch.ones(2)
+        skipped[1].grad = torch.ones(2) if step != 1 else None
+        opt.step()
+    assert opt.state[skipped[1]]["exp_avg"].ne(0).all()
+    assert not torch.equal(skipped[0], skipped[1])  # the param without a grad skipped a step
