@@ -28,7 +28,7 @@ backward, which also return and take the log-sum-exp) for fp16/bf16 inputs witho
 head dimension the kernel takes (``cuda_eligible``), with ``backend="torch"``; other CUDA
 inputs, and ``backend="blocked"``, use the blocked path (``torch_kernels``).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,7 @@ class _HeadClass:
     shared: torch.Tensor    # column blocks every row attends to (may be empty)
     shared_slice: tuple     # (start, stop) when those are a contiguous run
     stacks: list            # the residual groups
+    tokens: dict = field(default_factory=dict)  # token indices per (blocks, device): _tokens_on
 
 
 def _run(idx):
@@ -125,12 +126,26 @@ def _tokens(blocks, bl):
     return (blocks[..., None] * bl + torch.arange(bl, device=blocks.device)).flatten(-2)
 
 
-def _take(x, idx, bl, sl):
+def _tokens_on(cache, blocks, bl, device):
+    """``_tokens(blocks, bl)`` on ``device``, made once per head class: on a GPU each fresh one
+    is a host-to-device copy the stream waits for, and an H200 spent ~1.2 ms per call of a 4K
+    sequence making them. ``blocks`` is always a view of the plan's own tensors, which the
+    cache's owner keeps alive, so its address names it."""
+    if not blocks.is_contiguous():  # a copy, not a view: its address names nothing lasting
+        return _tokens(blocks.to(device), bl)
+    key = (blocks.data_ptr(), tuple(blocks.shape), bl, str(device))
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _tokens(blocks.to(device), bl)
+    return found
+
+
+def _take(x, idx, bl, sl, cache):
     """Tokens of blocks ``idx`` ([G, n]) of ``x`` ([Z, H, S, D]) as ``[Z, H * G, n * bl, D]``
     (groups folded into the head dimension: a view of the gather, no second copy)."""
     if sl is not None:
         return x[:, :, sl[0] * bl:sl[1] * bl]
-    return x[:, :, _tokens(idx.to(x.device), bl)].flatten(1, 2)
+    return x[:, :, _tokens_on(cache, idx, bl, x.device)].flatten(1, 2)
 
 
 class _CpuFlash:
@@ -187,11 +202,11 @@ def _parts(hc, z, bl, d):
         yield st.rows, st.cols, st.row_slice, st.col_slice
 
 
-def _rows_of(x, rows, bl, sl):
+def _rows_of(x, rows, bl, sl, cache):
     """Rows (tokens) of ``x`` ([Z, h, S, ...]) for a part, as ``[Z, h * G, R*bl, ...]``."""
     if sl is not None:
         return x[:, :, sl[0] * bl:None if sl[1] is None else sl[1] * bl]
-    return x[:, :, _tokens(rows.to(x.device), bl)].flatten(1, 2)
+    return x[:, :, _tokens_on(cache, rows, bl, x.device)].flatten(1, 2)
 
 
 class _Merged(torch.autograd.Function):
@@ -204,8 +219,9 @@ class _Merged(torch.autograd.Function):
         out = lse = None
         kernels, metas = _kernels(q), []
         for (rows, cols, rsl, csl), mask in zip(_parts(hc, z, bl, d), masks):
-            o, l, meta = kernels.forward(_rows_of(q, rows, bl, rsl), _take(k, cols, bl, csl),
-                                         _take(v, cols, bl, csl), mask, scale)
+            o, l, meta = kernels.forward(_rows_of(q, rows, bl, rsl, hc.tokens),
+                                         _take(k, cols, bl, csl, hc.tokens),
+                                         _take(v, cols, bl, csl, hc.tokens), mask, scale)
             metas.append(meta)
             g = 1 if rows is None else rows.shape[0]
             o = o.unflatten(1, (nh, g)).flatten(2, 3).to(acc)
@@ -221,7 +237,7 @@ class _Merged(torch.autograd.Function):
                 sl = slice(run[0] * bl, run[1] * bl)
                 old_o, old_l = out[:, :, sl], lse[:, :, sl]
             else:
-                tok = _tokens(rows.flatten().to(q.device), bl)
+                tok = _tokens_on(hc.tokens, rows.flatten(), bl, q.device)
                 old_o, old_l = out[:, :, tok], lse[:, :, tok]
             new_l = torch.logaddexp(old_l, l)
             old_o.mul_(torch.exp(old_l - new_l)[..., None]).add_(o.mul_(torch.exp(l - new_l)[..., None]))
@@ -253,16 +269,17 @@ class _Merged(torch.autograd.Function):
         for (rows, cols, rsl, csl), mask, meta in zip(_parts(hc, z, bl, d), ctx.masks,
                                                        ctx.metas):
             gq, gk, gv = ctx.kernels.backward(
-                _rows_of(grad, rows, bl, rsl), _rows_of(q, rows, bl, rsl),
-                _take(k, cols, bl, csl), _take(v, cols, bl, csl), _rows_of(out, rows, bl, rsl),
-                _rows_of(lse, rows, bl, rsl).contiguous(), mask, scale, meta)
+                _rows_of(grad, rows, bl, rsl, hc.tokens), _rows_of(q, rows, bl, rsl, hc.tokens),
+                _take(k, cols, bl, csl, hc.tokens), _take(v, cols, bl, csl, hc.tokens),
+                _rows_of(out, rows, bl, rsl, hc.tokens),
+                _rows_of(lse, rows, bl, rsl, hc.tokens).contiguous(), mask, scale, meta)
             g = 1 if rows is None else rows.shape[0]
             gq = gq.unflatten(1, (nh, g)).flatten(2, 3)
             if rows is None:
                 dq += gq
             else:
-                dq.index_add_(2, _tokens(rows.flatten().to(q.device), bl), gq)
-            ctok = _tokens(cols.flatten().to(q.device), bl)
+                dq.index_add_(2, _tokens_on(hc.tokens, rows.flatten(), bl, q.device), gq)
+            ctok = _tokens_on(hc.tokens, cols.flatten(), bl, q.device)
             dk.index_add_(2, ctok, gk.unflatten(1, (nh, g)).flatten(2, 3))
             dv.index_add_(2, ctok, gv.unflatten(1, (nh, g)).flatten(2, 3))
         return dq, dk, dv, None, None, None, None
