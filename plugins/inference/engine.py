@@ -111,7 +111,8 @@ class InferenceEngine(nn.Module):
 
         rank = dist.get_rank(group=self.mp_group) if self.mp_world_size > 1 else 0
         dtype = next((p.dtype for p in self.module.parameters()), torch.float32)
-        return save_split_checkpoint(self.module, path, self.mp_world_size, rank, dtype)
+        return save_split_checkpoint(self.module, path, self.mp_world_size, rank, dtype,
+                                     tp_group=self.mp_group)
 
     def _check_unsupported(self, config):
         if config.training_mp_size > 1 and _checkpoint_source(config)[0] is None:

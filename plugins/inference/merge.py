@@ -54,15 +54,19 @@ def merged_tensors(files, read, shapes):
         yield key, join_pieces(key, [s[key] for s in states], shapes.get(key), files)
 
 
-def save_split_checkpoint(module, path, tp_size, tp_rank, dtype):
+def save_split_checkpoint(module, path, tp_size, tp_rank, dtype, tp_group=None):
     """``save_mp_checkpoint_path``: this rank's split weights into ``path/tp_rank_XX.pt`` and,
     from rank 0 once every rank's file is there, the descriptor ``ds_inference_config.json``
     that ``init_inference(checkpoint=<it>)`` loads at any ``tp_size``. Returns the descriptor's
-    path."""
+    path. Only the tensor-parallel group holding global rank 0 writes (``tp_group``, None for
+    the world group; rank 0 alone without tensor parallelism): the other data-parallel
+    replicas hold the same pieces, and writing them again cost each replica a full copy of the
+    model on disk."""
     os.makedirs(path, exist_ok=True)
     names = [f"tp_rank_{r:02d}.pt" for r in range(tp_size)]
-    state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    atomic_torch_save(state, os.path.join(path, names[tp_rank]))
+    if _writes_split_files(tp_size, tp_group):
+        state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        atomic_torch_save(state, os.path.join(path, names[tp_rank]))
     if dist.is_initialized():
         dist.barrier()
     descriptor = os.path.join(path, DESCRIPTOR_NAME)
@@ -73,3 +77,13 @@ def save_split_checkpoint(module, path, tp_size, tp_rank, dtype):
     if dist.is_initialized():
         dist.barrier()
     return descriptor
+
+
+def _writes_split_files(tp_size, tp_group):
+    """Whether this rank's tensor-parallel group is the one holding global rank 0 (``tp_group``
+    None with ``tp_size`` > 1: the world group)."""
+    if not dist.is_initialized():
+        return True
+    if tp_size == 1:
+        return dist.get_rank() == 0
+    return tp_group is None or 0 in dist.get_all_ranks_from_group(tp_group)

@@ -4,6 +4,7 @@ Hugging Face ``save_pretrained`` directory (sharded safetensors with an index) a
 ranks each rank materialises only its shards (peak real parameter bytes about half the model)
 and the logits equal the single-process model; missing files are named in the error."""
 import json
+import os
 
 import pytest
 import torch
@@ -190,3 +191,31 @@ def test_save_mp_checkpoint_path_writes_the_split_model_which_loads_at_any_tp_si
                                                       "tp_rank_00.pt", "tp_rank_01.pt"]
     diff, *_ = _load_split("llama", descriptors[0], 1)  # merged again, at tp_size 1
     assert diff == 0
+
+
+def _save_split_counting_writes(checkpoint, path):
+    import deepspeed
+    from deepspeed.inference import merge
+
+    writes = []
+    original = merge.atomic_torch_save
+    merge.atomic_torch_save = lambda obj, file: writes.append(os.path.basename(file)) or \
+        original(obj, file)
+    try:
+        model, _ = build("llama", seed=123)
+        engine = deepspeed.init_inference(model, dtype=torch.float, checkpoint=checkpoint,
+                                          save_mp_checkpoint_path=path)
+    finally:
+        merge.atomic_torch_save = original
+    return writes, engine.saved_checkpoint
+
+
+def test_save_mp_checkpoint_path_is_written_once_by_data_parallel_replicas(
+        dist_pool, saved, tmp_path):
+    """Two ranks without tensor parallelism are two replicas of one split (tp_size 1): rank 0
+    writes it, the other replica writes nothing, and both get the descriptor."""
+    results = dist_pool.run(_save_split_counting_writes, world_size=2,
+                            args=(saved["llama"], str(tmp_path / "split")))
+    assert [writes for writes, _ in results] == [["tp_rank_00.pt"], []]
+    assert {descriptor for _, descriptor in results} == {
+        str(tmp_path / "split" / "ds_inference_config.json")}
