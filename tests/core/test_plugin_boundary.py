@@ -76,6 +76,11 @@ ALLOWED_THIRD_PARTY_PRIVATE = {
         "the aten op behind F.scaled_dot_product_attention on CPU, called for its log-sum-exp"),
     "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward": (
         "its backward, fed that log-sum-exp"),
+    "torch.ops.aten._scaled_dot_product_flash_attention": (
+        "the aten op behind F.scaled_dot_product_attention's flash kernel on CUDA, called for "
+        "its log-sum-exp"),
+    "torch.ops.aten._scaled_dot_product_flash_attention_backward": (
+        "its backward, fed that log-sum-exp and the forward's bookkeeping"),
 }
 
 # a third-party object's private reached through a local name: attribute -> why
