@@ -8,9 +8,11 @@ parallelism on mis-sliced sequences.
 """
 from pydantic import PositiveInt
 
-from deepspeed import topology
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
+from deepspeed.utils.lazy_module import lazy_module
+
+topology = lazy_module("deepspeed.topology")  # loads on first use: the launcher loads this plugin for its flags
 
 SECTION = "sequence_parallel_size"
 
