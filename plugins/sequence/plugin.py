@@ -10,9 +10,6 @@ from pydantic import PositiveInt
 
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
-from deepspeed.utils.lazy_module import lazy_module
-
-topology = lazy_module("deepspeed.topology")  # loads on first use: the launcher loads this plugin for its flags
 
 SECTION = "sequence_parallel_size"
 
@@ -30,6 +27,10 @@ class SequenceParallelPlugin(DeepSpeedPlugin):
         wanted = config.section(SECTION)
         if wanted == 1:
             return
+        # imported here: the topology imports torch, and the launcher loads this plugin (for its
+        # flags) without torch
+        from deepspeed import topology
+
         actual = topology.current().size("sequence")
         if actual != wanted:
             raise ValueError(
