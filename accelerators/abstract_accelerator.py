@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import abc
 
-import torch
-
 from deepspeed.accelerator import registry
+from deepspeed.utils.lazy_module import lazy_module
+
+torch = lazy_module("torch")  # loads on first use: the launcher asks device counts without torch
 
 DEFAULT_OP_BUILDER_MODULE = "deepspeed.ops.op_builder"
 

@@ -14,9 +14,11 @@ import os
 import time
 
 import psutil
-import torch
 
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+from deepspeed.utils.lazy_module import lazy_module
+
+torch = lazy_module("torch")  # loads on first use: the launcher asks device counts without torch
 
 
 def _numa_node_count():
@@ -70,8 +72,11 @@ class HostStream:
     """A stream on a synchronous device: every operation has finished when it returns."""
 
     def __init__(self, device=None, priority=0, **kwargs):
-        self.device = torch.device("cpu")
         self.priority = priority
+
+    @property
+    def device(self):
+        return torch.device("cpu")
 
     def synchronize(self):
         """Work is already complete."""

@@ -3,19 +3,26 @@
 Order: the `DS_ACCELERATOR` environment variable (so a launcher or user can force a device without
 touching code), else an instance given to `set_accelerator()`, else detection (CUDA when torch sees
 a GPU, otherwise CPU). Every name is resolved through the `deepspeed.accelerators` entry points.
+
+Detection asks torch only when the machine might have a GPU: with no GPU device file and no GPU
+tool on PATH torch cannot see one either, and the `deepspeed` launcher (which only counts
+devices) then never imports torch, seconds of CPU saved on every launch.
 """
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import threading
-
-import torch
 
 from deepspeed.accelerator import registry
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 from deepspeed.utils.logging import logger
 
 ENV_VAR = "DS_ACCELERATOR"
+#: what a GPU torch could use leaves behind: NVIDIA and AMD (ROCm) device nodes, WSL's GPU node
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+GPU_TOOLS = ("nvidia-smi", "rocm-smi")
 
 _lock = threading.RLock()
 _active = None  # the cached choice
@@ -55,6 +62,22 @@ def _from_env(name):
     return accelerator_class()
 
 
+def might_have_gpu():
+    """False only when no GPU device file exists and no GPU tool is on PATH: then torch would
+    report no CUDA device, and asking it would cost a torch import."""
+    return (any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES)
+            or any(shutil.which(tool) for tool in GPU_TOOLS))
+
+
+def detect_accelerator_name():
+    """'cuda' when torch sees a GPU, else 'cpu'; torch is imported only if a GPU might exist."""
+    if not might_have_gpu():
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _select():
     name = os.environ.get(ENV_VAR, "").strip()
     if name:
@@ -62,7 +85,7 @@ def _select():
     elif _user_choice is not None:
         accelerator, how = _user_choice, "set_accelerator"
     else:
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = detect_accelerator_name()
         accelerator, how = load_accelerator_class(name, source="detected")(), "auto detect"
     logger.debug(f"Setting ds_accelerator to {accelerator._name} ({how})")
     return accelerator

@@ -7,14 +7,18 @@ runs the script as short experiments over ZeRO stage x micro-batch size (x ZeRO 
 ``results_dir``, and in ``run`` mode trains with it. ``deepspeed.autotuning.autotuner`` is the
 search itself (upstream's documented module).
 """
-from deepspeed.autotuning.autotuner import Autotuner, AutotuningError, run_autotuning
-from deepspeed.autotuning.config import AutotuningConfig
-from deepspeed.autotuning.space import NothingToTuneError
+from deepspeed.utils.lazy_exports import lazy_exports
 
-__all__ = ["Autotuner", "AutotuningConfig", "AutotuningError", "NothingToTuneError",
-           "run_autotuning"]
+# imported on first access: the launcher loads this plugin for its flags on every launch, and
+# the search (numpy, the tuners) is needed only when --autotuning is given
+_EXPORTS = {
+    "Autotuner": "deepspeed.autotuning.autotuner",
+    "AutotuningError": "deepspeed.autotuning.autotuner",
+    "run_autotuning": "deepspeed.autotuning.autotuner",
+    "AutotuningConfig": "deepspeed.autotuning.config",
+    "NothingToTuneError": "deepspeed.autotuning.space",
+}
 
-from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+__all__ = sorted(_EXPORTS)
 
-# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
-__getattr__, __dir__ = lazy_exports(__name__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

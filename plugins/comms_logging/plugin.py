@@ -5,11 +5,13 @@ the engine subscribe to deepspeed.comm (ops are not timed otherwise). The engine
 is also where ``deepspeed.comm.log_summary()`` looks for a summary: the plugin answers it
 through the ``deepspeed_comm_summary`` hook; both go away with ``engine.destroy()``.
 """
-from deepspeed import comm as dist
 from deepspeed.comms_logging.config import CommsLoggerConfig
 from deepspeed.comms_logging.logger import CommsLogger
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
+from deepspeed.utils.lazy_module import lazy_module
+
+dist = lazy_module("deepspeed.comm")  # loads on first use: the launcher loads this plugin for its flags
 
 SECTION = "comms_logger"
 

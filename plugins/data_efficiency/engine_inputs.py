@@ -2,8 +2,10 @@
 ``curriculum_seqlen`` keyword, or truncation of the batch when the model does not take it) and
 progressive layer drop's ``progressive_layer_drop=True, pld_theta=θ`` keywords."""
 import inspect
+from deepspeed.utils.lazy_module import lazy_module
 
-import torch
+torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
+
 
 
 def accepts_keyword(module, name):

@@ -14,7 +14,6 @@ It owns three config sections (``data_efficiency``, ``curriculum_learning``,
 - checkpoints keep every scheduler's state and the loader's position: the plugin is the
   ``Stateful`` it hands the engine under ``ds_data_efficiency`` (``deepspeed_stateful``).
 """
-from deepspeed import comm as dist
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.utils.logging import log_dist
@@ -24,6 +23,9 @@ from .config import CurriculumLearningLegacyConfig, DataEfficiencyConfig, \
 from .curriculum_scheduler import CurriculumScheduler
 from .engine_inputs import accepts_keyword, truncate
 from .progressive_layer_drop import ProgressiveLayerDrop
+from deepspeed.utils.lazy_module import lazy_module
+
+dist = lazy_module("deepspeed.comm")  # loads on first use: the launcher loads this plugin for its flags
 
 STATE_KEY = "ds_data_efficiency"  # its name in checkpoints (top level of the file before Stateful)
 

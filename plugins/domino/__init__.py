@@ -9,17 +9,23 @@ It builds on the tensor-parallel plugin's layers and tensor x data parallel grou
 (``deepspeed.tensor_parallel.init_tensor_parallel_groups``), and needs them: without tensor
 parallelism it refuses to build. ``record_overlap()`` traces launches, waits and compute.
 """
-from deepspeed.domino.config import DominoConfig
-from deepspeed.domino.layers import DominoAsyncColumnParallelLinear, RowParallelLinearNoComm
-from deepspeed.domino.overlap import OverlapTrace, PendingAllReduce, record_overlap
-from deepspeed.domino.state import load_unsplit_state_dict
-from deepspeed.domino.transformer import DominoTransformer, DominoTransformerLayer, split_batch
+from deepspeed.utils.lazy_exports import lazy_exports
 
-__all__ = ["DominoAsyncColumnParallelLinear", "DominoConfig", "DominoTransformer",
-           "DominoTransformerLayer", "OverlapTrace", "PendingAllReduce", "RowParallelLinearNoComm",
-           "load_unsplit_state_dict", "record_overlap", "split_batch"]
+# imported on first access, so that loading the plugin (the launcher does, for its flags) or
+# reading the config schema imports no torch
+_EXPORTS = {
+    "DominoConfig": "deepspeed.domino.config",
+    "DominoAsyncColumnParallelLinear": "deepspeed.domino.layers",
+    "RowParallelLinearNoComm": "deepspeed.domino.layers",
+    "OverlapTrace": "deepspeed.domino.overlap",
+    "PendingAllReduce": "deepspeed.domino.overlap",
+    "record_overlap": "deepspeed.domino.overlap",
+    "load_unsplit_state_dict": "deepspeed.domino.state",
+    "DominoTransformer": "deepspeed.domino.transformer",
+    "DominoTransformerLayer": "deepspeed.domino.transformer",
+    "split_batch": "deepspeed.domino.transformer",
+}
 
-from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
+__all__ = sorted(_EXPORTS)
 
-# submodules load on first attribute access (`deepspeed.x.y.z` after a plain `import deepspeed`)
-__getattr__, __dir__ = lazy_exports(__name__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

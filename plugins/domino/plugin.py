@@ -12,7 +12,6 @@ would average the slices of different ranks together.
 """
 from deepspeed.hooks import REPLICATED_PARAM, hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
-from deepspeed.tensor_parallel import TENSOR_MODEL_PARALLEL
 
 
 def domino_unit(model):
@@ -61,6 +60,10 @@ class DominoPlugin(DeepSpeedPlugin):
                                  "the same mpu to both, or none to deepspeed.initialize")
             unit = mpu
         if unit.get_tensor_model_parallel_rank() != 0:
+            # imported here: the package's layers import torch, and the launcher loads this
+            # plugin (for its flags) without torch
+            from deepspeed.tensor_parallel import TENSOR_MODEL_PARALLEL
+
             for param in engine.module.parameters():
                 if not getattr(param, TENSOR_MODEL_PARALLEL, False):
                     setattr(param, REPLICATED_PARAM, True)

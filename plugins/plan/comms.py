@@ -21,8 +21,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-from deepspeed.zero import bucket_runs
-
 from deepspeed.plan.cluster import Cluster
 from deepspeed.plan.layout import Layout
 from deepspeed.plan.memory import BYTES_PER_PARAM, rank_params
@@ -67,6 +65,10 @@ class Collective:
 
 def _pack(sizes, limit):
     """Runs of at most ``limit`` elements: the engine's own bucket rule, on plain sizes."""
+    # imported here: its module holds ZeRO's tensor buckets (torch), and the launcher loads this
+    # plugin for its flags without torch
+    from deepspeed.zero import bucket_runs
+
     return bucket_runs(sizes, limit, size=lambda n: n, kind=lambda n: None)
 
 

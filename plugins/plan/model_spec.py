@@ -14,14 +14,18 @@ attention or MLP it has. Large Hugging Face models are traced at one and two lay
 extrapolated linearly in the layer count (every decoder layer is the same), which keeps
 ``ds_plan`` on a 70B config fast.
 """
+from __future__ import annotations
+
 import importlib
 import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence, Tuple
 
-import torch
 
 from deepspeed.zero import model_param_counts
+from deepspeed.utils.lazy_module import lazy_module
+
+torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
 
 # Preset model shapes (plain config dicts: no hub download). Values are the public
 # architecture hyper-parameters of each model family.

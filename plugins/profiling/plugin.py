@@ -10,10 +10,12 @@ garbage-collected, whichever comes first.
 import time
 import weakref
 
-from deepspeed import comm as dist
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.profiling.config import FlopsProfilerConfig
+from deepspeed.utils.lazy_module import lazy_module
+
+dist = lazy_module("deepspeed.comm")  # loads on first use: the launcher loads this plugin for its flags
 
 SECTION = "flops_profiler"
 

@@ -8,7 +8,6 @@ parallelism on mis-sliced sequences.
 """
 from pydantic import PositiveInt
 
-from deepspeed import topology
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
 
@@ -28,6 +27,10 @@ class SequenceParallelPlugin(DeepSpeedPlugin):
         wanted = config.section(SECTION)
         if wanted == 1:
             return
+        # imported here: the topology imports torch, and the launcher loads this plugin (for its
+        # flags) without torch
+        from deepspeed import topology
+
         actual = topology.current().size("sequence")
         if actual != wanted:
             raise ValueError(

@@ -12,8 +12,10 @@ representative ("global") blocks: Fixed (Sparse Transformer) and Variable. BigBi
 BSLongformer and the sliding window live in ``sparsity_patterns``.
 """
 import random
+from deepspeed.utils.lazy_module import lazy_module
 
-import torch
+torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
+
 
 ATTENTION_KINDS = ("unidirectional", "bidirectional")
 

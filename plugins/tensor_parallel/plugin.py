@@ -18,7 +18,9 @@ import dataclasses
 from deepspeed.hooks import NOT_SHARDED, hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.tensor_parallel.config import SECTION, TensorParallelTrainingConfig
-from deepspeed.tensor_parallel.shard import split_model, split_of, tp_model_init
+from deepspeed.utils.lazy_module import lazy_module
+
+shard = lazy_module("deepspeed.tensor_parallel.shard")  # loads on first use: the launcher loads this plugin for its flags
 
 
 class TensorParallelPlugin(DeepSpeedPlugin):
@@ -31,11 +33,11 @@ class TensorParallelPlugin(DeepSpeedPlugin):
 
     @hookimpl
     def deepspeed_tp_model_init(self, model, tp_size, dtype, config, kwargs):
-        return tp_model_init(model, tp_size, dtype, config, **kwargs)
+        return shard.tp_model_init(model, tp_size, dtype, config, **kwargs)
 
     @hookimpl
     def deepspeed_enable_for_model(self, model):
-        return split_of(model) is not None
+        return shard.split_of(model) is not None
 
     @hookimpl
     def deepspeed_model_parallel_unit(self, engine, config, mpu):
@@ -46,15 +48,15 @@ class TensorParallelPlugin(DeepSpeedPlugin):
                 "zero_optimization.stage 0, 1 or 2")
         section = config.section(SECTION)
         wanted = section.size if section is not None else 1
-        split = split_of(engine.module)
+        split = shard.split_of(engine.module)
         if split is None:
             if wanted == 1:
                 return None
             from deepspeed.tensor_parallel.groups import init_tensor_parallel_groups
 
-            split_model(engine.module, init_tensor_parallel_groups(wanted),
-                        section.injection_policy_tuple)
-            split = split_of(engine.module)
+            shard.split_model(engine.module, init_tensor_parallel_groups(wanted),
+                              section.injection_policy_tuple)
+            split = shard.split_of(engine.module)
         elif wanted > 1 and wanted != split.tp_size:
             raise ValueError(f"config tensor_parallel.autotp_size={wanted}, but the model was "
                              f"split over {split.tp_size} ranks by deepspeed.tp_model_init; "

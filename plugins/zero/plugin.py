@@ -7,7 +7,6 @@ bucketed reduce-scatter, and the optimizer part of checkpoints with per-rank par
 import gc
 import weakref
 
-import torch
 from pydantic import StrictBool
 
 from deepspeed.accelerator import get_accelerator
@@ -17,6 +16,9 @@ from deepspeed.utils.logging import logger
 from deepspeed.zero.aio_config import AioConfig
 from deepspeed.zero.config import DeepSpeedZeroConfig
 from deepspeed.zero.offload_config import OffloadDeviceEnum
+from deepspeed.utils.lazy_module import lazy_module
+
+torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
 
 CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
 #: top-level keys of ZeRO's optimizer policy, with their defaults when the config omits them

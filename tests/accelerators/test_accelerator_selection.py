@@ -32,6 +32,33 @@ def test_detection_follows_torch_cuda():
     assert deepspeed.get_accelerator() is get_accelerator()
 
 
+def test_detection_asks_torch_only_where_a_gpu_might_exist(monkeypatch):
+    """No GPU device file and no GPU tool: 'cpu' without asking torch (the launcher then never
+    imports it); either one present: torch decides."""
+    from deepspeed.accelerator import real_accelerator
+
+    asked = []
+
+    def is_available():
+        asked.append(True)
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_available", is_available)
+    monkeypatch.setattr(real_accelerator.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(real_accelerator.shutil, "which", lambda tool: None)
+    assert real_accelerator.detect_accelerator_name() == "cpu" and asked == []
+
+    monkeypatch.setattr(real_accelerator.glob, "glob",
+                        lambda pattern: ["/dev/nvidia0"] if pattern.startswith("/dev/nvidia[") else [])
+    assert real_accelerator.detect_accelerator_name() == "cuda" and asked == [True]
+
+    monkeypatch.setattr(real_accelerator.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(real_accelerator.shutil, "which",
+                        lambda tool: "/usr/bin/nvidia-smi" if tool == "nvidia-smi" else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert real_accelerator.detect_accelerator_name() == "cpu"  # a tool without a usable GPU
+
+
 def test_choice_is_cached_until_reset():
     first = get_accelerator()
     assert get_accelerator() is first

@@ -18,7 +18,9 @@ Which imports count, as edges from the importing module:
   functions and methods. A deferred import still makes the two modules depend on each other; it
   only hides the circle from the interpreter, so it is exactly what this test must see. The
   internal modules are never optional, so there is no optional-dependency exception;
-* `importlib.import_module("<literal name>")` calls, for the same reason;
+* `importlib.import_module("<literal name>")` and `lazy_module("<literal name>")` calls
+  (`deepspeed.utils.lazy_module`: a module imported on first attribute access), for the same
+  reason;
 * not imports under `if TYPE_CHECKING:` (they never run);
 * not names outside `deepspeed`.
 
@@ -100,8 +102,12 @@ def _is_type_checking(test):
             or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
+#: calls whose literal first argument names a module they import (now or on first use)
+DEFERRED_IMPORTS = ("import_module", "lazy_module")
+
+
 def _import_nodes(tree):
-    """Every import statement and literal `importlib.import_module` call, skipping the bodies of
+    """Every import statement and literal `importlib.import_module` / `lazy_module` call, skipping the bodies of
     `if TYPE_CHECKING:` (their `else:` branch still runs)."""
     stack = [tree]
     while stack:
@@ -113,8 +119,8 @@ def _import_nodes(tree):
             yield node
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
-              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                   or (isinstance(node.func, ast.Name) and node.func.id == "import_module"))):
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr in DEFERRED_IMPORTS)
+                   or (isinstance(node.func, ast.Name) and node.func.id in DEFERRED_IMPORTS))):
             yield node
         stack.extend(ast.iter_child_nodes(node))
 
@@ -269,6 +275,7 @@ def test_the_checker_sees_deferred_relative_and_literal_imports_but_not_type_che
         "deepspeed/c.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                            "    from deepspeed.d import x\nimport importlib\n"),
         "deepspeed/d.py": "import importlib\nimportlib.import_module('deepspeed.c')\n",
+        "deepspeed/f.py": "from deepspeed.utils.lazy_module import lazy_module\nb = lazy_module('deepspeed.e')\n",
         "deepspeed/e.py": "from deepspeed.a import thing\n",
     })
     packages = {"deepspeed": tmp_path / "deepspeed", "deepspeed.a": tmp_path / "deepspeed/a",
@@ -278,6 +285,7 @@ def test_the_checker_sees_deferred_relative_and_literal_imports_but_not_type_che
     assert graph["deepspeed.b.high"] == {"deepspeed.a.low"}  # submodule, not the package
     assert graph["deepspeed.c"] == set()  # TYPE_CHECKING only
     assert graph["deepspeed.d"] == {"deepspeed.c"}  # literal import_module
+    assert "deepspeed.e" in graph["deepspeed.f"]  # literal lazy_module
     assert graph["deepspeed.e"] == {"deepspeed.a"}  # a name from the package's __init__
     found = circles(graph)
     assert [chain for _, chain in found] == [

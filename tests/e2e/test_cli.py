@@ -73,28 +73,26 @@ def _assert_a_gloo_world_of_two(reports):
 
 
 def test_torchrun_gives_a_gloo_world_of_two(tmp_path):
-    """The `deepspeed` launcher's gloo world of two is checked by the accelerator test below
-    (the same probe through `deepspeed --num_gpus 2`)."""
+    """The `deepspeed` launcher's gloo world of two is checked by the third-party packages test
+    below (the same probe through `deepspeed --num_gpus 2`)."""
     run([script("torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()),
          str(HERE / "probe_world.py"), str(tmp_path)])
     _assert_a_gloo_world_of_two(read_reports(tmp_path, 2))
 
 
-def test_third_party_accelerator_selected_by_env(install_fixture_package, tmp_path):
+def test_third_party_accelerator_and_plugin_in_one_launched_job(install_fixture_package, tmp_path):
+    """One launch for two third-party packages: the accelerator named by DS_ACCELERATOR forms
+    the gloo world (probe_world.py), then the plugin's hooks run in a short training in the same
+    ranks (train_with_recorder.py)."""
     install_fixture_package("ds_example_accelerator")
+    install_fixture_package("ds_example_plugin")
     run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
-         str(HERE / "probe_world.py"), str(tmp_path)], env={"DS_ACCELERATOR": "example"})
+         str(HERE / "probe_then_train.py"), str(tmp_path)], env={"DS_ACCELERATOR": "example"})
     reports = read_reports(tmp_path, 2)
     _assert_a_gloo_world_of_two(reports)
     for report in reports:
         assert report["accelerator"] == "example"
         assert report["accelerator_module"] == "ds_example_accelerator"
-
-
-def test_third_party_plugin_hooks_run_in_a_launched_job(install_fixture_package, tmp_path):
-    install_fixture_package("ds_example_plugin")
-    run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
-         str(HERE / "train_with_recorder.py"), str(tmp_path)])
     micro = ["before_forward", "after_forward", "before_backward"]
     boundary = micro + ["reduce_gradients", "after_backward", "before_step", "after_step"]
     expected = ["engine_init", "wrap_optimizer"] + (micro + ["after_backward"] + boundary) * 2

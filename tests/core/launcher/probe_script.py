@@ -54,6 +54,13 @@ with open(path + ".tmp", "w", encoding="utf-8") as handle:
 os.replace(path + ".tmp", path)
 
 if rank == args.fail_rank:
+    # fail only once every rank has written its record: the test reads the others' pids to
+    # check the launcher ended them, and on a loaded machine a sibling may still be starting
+    deadline = time.monotonic() + 60
+    world = int(os.environ["WORLD_SIZE"])
+    while (time.monotonic() < deadline and
+           not all(os.path.exists(os.path.join(args.out, f"rank{r}.json")) for r in range(world))):
+        time.sleep(0.05)
     if args.fail_mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(3)

@@ -1,6 +1,10 @@
 """The `deepspeed` runner in-process: flag checks, resource selection and --dry_run commands."""
 import logging
+import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -382,3 +386,24 @@ def test_a_dry_run_or_remote_ranks_only_warn(capsys, monkeypatch, hostfile, log_
     monkeypatch.setattr(runner.RUNNERS["pdsh"], "missing_binaries", lambda self: [])
     assert runner.main(["-H", hostfile, "missing.py"]) == 0
     assert any("ranks on the other hosts will need it" in m for m in log_messages)
+
+
+def test_a_launch_imports_no_torch():
+    """The runner collects every installed plugin's flags, asks the accelerator for devices and
+    builds the per-node launch without importing torch (seconds of CPU on every launch). Where
+    a GPU might exist detection rightly asks torch, so there the CPU accelerator is named."""
+    from deepspeed.accelerator import real_accelerator
+
+    env = {k: v for k, v in os.environ.items() if k != real_accelerator.ENV_VAR}
+    if real_accelerator.might_have_gpu():
+        env[real_accelerator.ENV_VAR] = "cpu"
+    code = ("import sys\n"
+            "from deepspeed.launcher import runner\n"
+            "assert runner.main(['--dry_run', '--num_gpus', '2', 'train.py']) == 0\n"
+            "print('torch imported:', sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])\n")
+    Path("train.py").write_text("print('never run')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "RANK=1" in out.stdout  # the dry run printed both ranks' commands
+    assert "torch imported: []" in out.stdout, out.stdout

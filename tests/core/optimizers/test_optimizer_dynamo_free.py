@@ -1,8 +1,11 @@
 """DeepSpeed's optimizers do not import ``torch._dynamo`` (+72 MiB per rank) when nothing is
 compiled, and use torch's dynamo-disabled methods once dynamo is loaded.
 
-Each case runs in a fresh interpreter: pytest's own process may already have imported dynamo.
+The cases run in fresh interpreters (pytest's own process may already have imported dynamo): one
+for the two dynamo-free runs, one for the four decorated methods, each shared by its tests (an
+interpreter that imports torch is seconds of CPU; the checks themselves are milliseconds).
 """
+import json
 import os
 import subprocess
 import sys
@@ -37,9 +40,12 @@ def test_every_builtin_optimizer_uses_the_base():
         assert issubclass(cls, DeepSpeedOptimizer), cls
 
 
-def test_optimizer_lifecycle_does_not_import_dynamo():
-    out = _run("""
-        import sys, torch
+# Two runs in one interpreter; each reports whether torch._dynamo was loaded after it. The second
+# run's answer only means something when the first left dynamo unloaded ("unknown" otherwise).
+DYNAMO_FREE_RUNS = """
+    import json, sys, torch
+
+    def lifecycle():
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         params = [torch.nn.Parameter(torch.randn(4, 4)), torch.nn.Parameter(torch.randn(4))]
         opt = DeepSpeedCPUAdam(params[:1], lr=0.1)
@@ -57,14 +63,9 @@ def test_optimizer_lifecycle_does_not_import_dynamo():
         assert again.param_groups[1]["lr"] == 0.01
         assert torch.equal(next(iter(again.state.values()))["exp_avg"],
                            next(iter(opt.state.values()))["exp_avg"])
-        print("torch._dynamo" in sys.modules)
-    """)
-    assert out == "False"
 
-
-def test_engine_step_with_the_default_cpu_optimizer_does_not_import_dynamo():
-    out = _run("""
-        import sys, torch, deepspeed
+    def engine_step():
+        import deepspeed
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
         config = {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
                   "zero_optimization": {"stage": 3}}
@@ -74,29 +75,61 @@ def test_engine_step_with_the_default_cpu_optimizer_does_not_import_dynamo():
         for _ in range(2):
             engine.backward(engine(torch.randn(2, 8)).sum())
             engine.step()
-        print("torch._dynamo" in sys.modules)
-    """)
-    assert out == "False"
+
+    lifecycle()
+    results = {"lifecycle": "torch._dynamo" in sys.modules}
+    engine_step()
+    results["engine_step"] = "unknown" if results["lifecycle"] else "torch._dynamo" in sys.modules
+    print(json.dumps(results))
+"""
 
 
-@pytest.mark.parametrize("name", WRAPPED)
-def test_decorated_method_is_used_once_dynamo_is_loaded(name):
-    decorated = getattr(torch.optim.Optimizer, name)
-    if not hasattr(decorated, "__wrapped__"):
-        pytest.skip(f"this torch does not decorate Optimizer.{name}")
-    out = _run(f"""
-        import torch, torch._dynamo
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
+@pytest.fixture(scope="module")
+def dynamo_free_runs():
+    return json.loads(_run(DYNAMO_FREE_RUNS))
+
+
+def test_optimizer_lifecycle_does_not_import_dynamo(dynamo_free_runs):
+    assert dynamo_free_runs["lifecycle"] is False
+
+
+def test_engine_step_with_the_default_cpu_optimizer_does_not_import_dynamo(dynamo_free_runs):
+    assert dynamo_free_runs["engine_step"] is False, dynamo_free_runs
+
+
+# Every decorated method in one interpreter: each check forgets its own method's cached
+# dynamo-disabled function first, so the calls do not see each other's.
+DECORATED_CALLS = """
+    import json, torch, torch._dynamo
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    results = {}
+    for name in NAMES:
+        if not hasattr(getattr(torch.optim.Optimizer, name), "__wrapped__"):
+            results[name] = None  # this torch does not decorate it
+            continue
         param = torch.nn.Parameter(torch.randn(3))
         opt = DeepSpeedCPUAdam([param])
-        inner = torch.optim.Optimizer.{name}.__wrapped__
+        inner = getattr(torch.optim.Optimizer, name).__wrapped__
         # torch's decorator caches its dynamo-disabled function on the inner one when it runs
         if hasattr(inner, "__dynamo_disable"):
             del inner.__dynamo_disable
-        call = {{"add_param_group": lambda: opt.add_param_group({{"params": [torch.nn.Parameter(torch.randn(2))]}}),
-                 "zero_grad": opt.zero_grad, "state_dict": opt.state_dict,
-                 "load_state_dict": lambda: opt.load_state_dict(opt.state_dict())}}["{name}"]
+        call = {"add_param_group": lambda: opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2))]}),
+                "zero_grad": opt.zero_grad, "state_dict": opt.state_dict,
+                "load_state_dict": lambda: opt.load_state_dict(opt.state_dict())}[name]
         call()
-        print(hasattr(inner, "__dynamo_disable"))
-    """)
-    assert out == "True"
+        results[name] = hasattr(inner, "__dynamo_disable")
+    print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def decorated_calls():
+    return json.loads(_run(f"NAMES = {list(WRAPPED)!r}\n" + textwrap.dedent(DECORATED_CALLS)))
+
+
+@pytest.mark.parametrize("name", WRAPPED)
+def test_decorated_method_is_used_once_dynamo_is_loaded(decorated_calls, name):
+    if decorated_calls[name] is None:
+        pytest.skip(f"this torch does not decorate Optimizer.{name}")
+    assert decorated_calls[name] is True
