@@ -22,7 +22,6 @@ TUNERS = ("gridsearch", "random", "model_based")
 KEYS = "tests/plugins/autotuning/test_autotuning_keys.py::"
 SPACE = "tests/plugins/autotuning/test_autotuning_space.py::"
 LAUNCH = "tests/plugins/autotuning/test_autotuning_launch.py::"
-PLAN = "tests/plugins/autotuning/test_autotuning_plan.py::"
 
 class ModelInfoConfig(DeepSpeedConfigModel):
     """What the profiling run measures (or what the user already knows about the model)."""
@@ -68,7 +67,7 @@ class AutotuningConfig(DeepSpeedConfigModel):
         "metric_path": KEYS + "test_metric_path_and_model_info_profile_switch_the_probe_plugin_on",
         "model_info_path": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
         **dict.fromkeys(("plan_pruning", "plan_keep_ratio"),
-                        PLAN + "test_plan_pruning_runs_fewer_experiments_for_the_same_best"),
+                        KEYS + "test_plan_pruning_runs_fewer_experiments_for_the_same_best"),
     }
 
     enabled: bool = False

@@ -23,10 +23,8 @@ lays the model over the data-parallel ranks only.
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from deepspeed.plan.cluster import Cluster, cluster as plan_cluster
-from deepspeed.plan.layout import layout_from_config
-from deepspeed.plan.model_spec import ModelSpec, from_measurements
-from deepspeed.plan.search import Estimate, estimate
+from deepspeed.plan import (Cluster, Estimate, ModelSpec, cluster as plan_cluster, estimate,
+                            from_measurements, layout_from_config)
 
 MEMORY_HEADROOM = 0.9  # allocator fragmentation, the framework itself, what the plan misses
 
