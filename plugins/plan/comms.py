@@ -25,7 +25,7 @@ from deepspeed.zero import bucket_runs
 
 from deepspeed.plan.cluster import Cluster
 from deepspeed.plan.layout import Layout
-from deepspeed.plan.memory import BYTES_PER_PARAM, rank_params
+from deepspeed.plan.memory import BYTES_PER_PARAM, shard_numels
 from deepspeed.plan.model_spec import ModelSpec
 
 
@@ -70,23 +70,12 @@ def _pack(sizes, limit):
     return bucket_runs(sizes, limit, size=lambda n: n, kind=lambda n: None)
 
 
-def _shard_numels(spec: ModelSpec, layout: Layout):
-    """This rank's share of each parameter before ZeRO (model parallelism splits each
-    evenly; the planner does not know which tensor a scheme leaves whole)."""
-    split = layout.model_parallel
-    if spec.param_numels and sum(spec.param_numels) == spec.total_params:
-        numels = [max(n // split, 1) for n in spec.param_numels] if split > 1 else list(spec.param_numels)
-    else:
-        numels = [rank_params(spec, layout)]
-    return numels
-
-
 def data_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
     n = layout.dp
     if n == 1:
         return []
     wb, gb, _ = BYTES_PER_PARAM[layout.precision]
-    numels = _shard_numels(spec, layout)
+    numels = shard_numels(spec, layout)
     stage = layout.zero_stage
     if stage == 0:
         return [Collective("all_reduce", "data", n).add(sum(numels) * gb)]

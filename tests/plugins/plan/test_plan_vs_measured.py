@@ -14,10 +14,11 @@ from deepspeed.plan.measure import (MEMORY_CASES, VALIDATION_BATCH, VALIDATION_C
                                     measure_validation_set, validation_config, validation_plan)
 
 
-def measure_all():
+def measure_all(memory_runs=3):
     """Every case on each rank (one pool job): the ZeRO set, then the pipeline and the
-    tensor-parallel scenarios."""
-    found = measure_validation_set()
+    tensor-parallel scenarios. The suite runs each memory case three times (the benchmark
+    five): the median of six peaks still passes over the occasional run one model copy high."""
+    found = measure_validation_set(memory_runs)
     found["pipeline pp2"] = (measure_pipeline(), None)
     found["tensor tp2"] = (measure_tensor_parallel(), None)
     return found
