@@ -71,7 +71,9 @@ def _pack(sizes, limit):
 
 
 def data_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
-    n = layout.dp
+    """Gradient reduction and ZeRO's gathers over the ranks holding the same weights (data
+    and sequence parallel: ``layout.zero_ranks``)."""
+    n = layout.zero_ranks
     if n == 1:
         return []
     wb, gb, _ = BYTES_PER_PARAM[layout.precision]
@@ -168,7 +170,7 @@ def _spans_nodes(layout: Layout, cluster: Cluster, group: str) -> bool:
     """Rank order is tp fastest, then sp, dp, pp (Megatron's): a group crosses nodes when its
     members' span exceeds a node."""
     stride_size = {"tensor": (1, layout.tp), "sequence": (layout.tp, layout.sp),
-                   "data": (layout.tp * layout.sp, layout.dp),
+                   "data": (layout.tp, layout.sp * layout.dp),
                    "expert": (layout.tp * layout.sp, layout.ep),
                    "pipe": (layout.tp * layout.sp * layout.dp, layout.pp)}[group]
     stride, size = stride_size

@@ -87,8 +87,8 @@ def _dp_nodes(layout: Layout, cluster: Cluster):
     """(data-parallel ranks per node, nodes) as the estimators count them: the ranks one
     model-parallel shard is replicated over, laid out densely on nodes."""
     per_node = max(cluster.gpus_per_node // layout.model_parallel, 1)
-    per_node = min(per_node, layout.dp)
-    return per_node, max(layout.dp // per_node, 1)
+    per_node = min(per_node, layout.zero_ranks)
+    return per_node, max(layout.zero_ranks // per_node, 1)
 
 
 def model_states(spec: ModelSpec, layout: Layout, cluster: Cluster) -> MemoryPlan:
@@ -104,7 +104,7 @@ def model_states(spec: ModelSpec, layout: Layout, cluster: Cluster) -> MemoryPla
     """
     count = rank_params(spec, layout)
     wb, gb, ob = BYTES_PER_PARAM[layout.precision]
-    n = layout.dp
+    n = layout.zero_ranks
     stage = layout.zero_stage
     shard = -(-count // n)
     if stage < 3:
@@ -170,7 +170,7 @@ def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
     """The engine's own transient buffers at the backward peak (see the module docstring):
     stage 0's flat all-reduce copy of every gradient, a ZeRO reduce bucket's flat send
     buffer and receive piece, stage 3's prefetched parameters."""
-    if layout.dp == 1:
+    if layout.zero_ranks == 1:
         return {}
     count = rank_params(spec, layout)
     wb, gb, _ = BYTES_PER_PARAM[layout.precision]
@@ -180,7 +180,7 @@ def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
     if layout.zero_stage in (1, 2) and layout.grad_accum > 1:
         # a bucket's reduced piece lands in a fresh buffer when its gradient partition already
         # holds something: every reduction after the first of an accumulation
-        buffers["receive piece"] = -(-min(layout.reduce_bucket_size, count) // layout.dp) * gb
+        buffers["receive piece"] = -(-min(layout.reduce_bucket_size, count) // layout.zero_ranks) * gb
     if layout.zero_stage == 3:  # persistent parameters are never gathered
         gathered = count - persistent_numel(spec, layout)
         if gathered:
@@ -195,9 +195,9 @@ def step_transient(spec: ModelSpec, layout: Layout) -> int:
     tensors). ZeRO-3: one partition-sized fp32 tensor, and the refresh of the persistent
     parameters (one all-gather: its output and the send buffer with its staging copy, two
     whole copies of them)."""
-    if layout.zero_stage == 0 or layout.dp == 1 or layout.offload_optimizer != "none":
+    if layout.zero_stage == 0 or layout.zero_ranks == 1 or layout.offload_optimizer != "none":
         return 0
-    partition = -(-rank_params(spec, layout) // layout.dp) * 4
+    partition = -(-rank_params(spec, layout) // layout.zero_ranks) * 4
     if layout.zero_stage in (1, 2):
         return 3 * partition
     wb = BYTES_PER_PARAM[layout.precision][0]

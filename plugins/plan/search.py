@@ -49,7 +49,7 @@ class Estimate:
 
 # what data_parallel() reads of a layout (grad_accum only at stage 3): layouts differing in
 # anything else share one computation
-_DP_FIELDS = ("dp", "tp", "pp", "zero_stage", "precision", "reduce_bucket_size",
+_DP_FIELDS = ("dp", "tp", "pp", "sp", "zero_stage", "precision", "reduce_bucket_size",
               "allgather_bucket_size", "param_persistence_threshold")
 
 
@@ -64,7 +64,7 @@ def update_seconds(spec: ModelSpec, layout: Layout, cluster: Cluster) -> float:
     wb, gb, ob = BYTES_PER_PARAM[layout.precision]
     count = rank_params(spec, layout)
     if layout.zero_stage >= 1:
-        count = -(-count // layout.dp)
+        count = -(-count // layout.zero_ranks)
     moved = count * (2 * ob + gb + 2 * wb)
     if layout.offload_optimizer != "none":
         ranks = min(cluster.gpus_per_node, layout.world_size)
@@ -88,7 +88,7 @@ def estimate(spec: ModelSpec, layout: Layout, cluster: Cluster) -> Estimate:
     mp_time = sum(comm_seconds(c, layout, cluster) for c in mp_comm)
     offload = 0.0
     if layout.offload_optimizer != "none":
-        shard = rank_params(spec, layout) / layout.dp
+        shard = rank_params(spec, layout) / layout.zero_ranks
         offload = shard * 4 * 2 / PCIE_BW  # fp32 gradients out, updated weights back
         if layout.offload_optimizer == "nvme":
             offload += memory.nvme * 2 / (cluster.nvme_bw / cluster.gpus_per_node)
@@ -132,8 +132,8 @@ def layouts(spec: ModelSpec, cluster: Cluster, global_batch: int, precision: str
                     for stage, offload, mb, ac in itertools.product(
                             stages, offloads, _powers_of_two(per_rank), activation_checkpointing):
                         if per_rank % mb or (pp > 1 and stage > 1) or (offload != "none" and stage == 0) \
-                                or (dp == 1 and stage > 0 and offload == "none"):
-                            continue  # unsupported, or (dp 1) the same as stage 0
+                                or (dp * sp == 1 and stage > 0 and offload == "none"):
+                            continue  # unsupported, or (one rank per weight) the same as stage 0
                         param_offloads = ("none", "cpu") if stage == 3 and offload == "cpu" else ("none",)
                         for offload_param in param_offloads:
                             yield Layout(dp=dp, tp=tp, pp=pp, sp=sp, ep=ep, zero_stage=stage,

@@ -1,13 +1,14 @@
 """The planner against real 2-rank runs of our engine on this machine: every collective's
 calls per step, message size by message size, equal the comms logger's exactly (ZeRO stages 0-3, default and small buckets, mixed
-persistent/gathered ZeRO-3 parameters; a two-stage pipeline; a tiny Llama over two tensor-parallel ranks), and the predicted peak is within 15% of the measured
+persistent/gathered ZeRO-3 parameters; a two-stage pipeline; a tiny Llama over two tensor-parallel ranks, and over two Ulysses sequence-parallel ranks), and the predicted peak is within 15% of the measured
 peak of tracked tensor memory. One pool run trains every case; the tests read its result."""
 import statistics
 
 import pytest
 
 from deepspeed.plan import Layout, layout_from_config
-from parallel_scenarios import (measure_pipeline, measure_tensor_parallel, pipeline_plan,
+from parallel_scenarios import (measure_pipeline, measure_sequence_parallel,
+                                measure_tensor_parallel, pipeline_plan, sequence_parallel_plan,
                                 tensor_parallel_plan)
 
 from deepspeed.plan.measure import (MEMORY_CASES, VALIDATION_BATCH, VALIDATION_CASES,
@@ -21,6 +22,7 @@ def measure_all(memory_runs=3):
     found = measure_validation_set(memory_runs)
     found["pipeline pp2"] = (measure_pipeline(), None)
     found["tensor tp2"] = (measure_tensor_parallel(), None)
+    found["sequence sp2"] = (measure_sequence_parallel(), None)
     return found
 
 
@@ -50,6 +52,16 @@ def test_tensor_parallel_all_reduces_equal_the_comms_logger(measured):
     for rank, results in enumerate(measured):
         logged, _ = results["tensor tp2"]
         assert logged == expected, f"rank {rank} tp2: logged {logged}, planned {expected}"
+
+
+def test_ulysses_all_to_alls_and_the_sequence_data_all_reduce_equal_the_comms_logger(measured):
+    """Two sequence-parallel ranks: four all-to-alls per attention layer and direction, and
+    the gradients averaged over the sequence-parallel ranks (they hold the same weights)."""
+    expected = sequence_parallel_plan()
+    assert expected["all_to_all_single"] == {1 * 8 * 32 * 4: 16}  # half the sequence x hidden
+    for rank, results in enumerate(measured):
+        logged, _ = results["sequence sp2"]
+        assert logged == expected, f"rank {rank} sp2: logged {logged}, planned {expected}"
 
 
 @pytest.mark.parametrize("name", MEMORY_CASES)
