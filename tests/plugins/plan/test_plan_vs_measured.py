@@ -28,7 +28,9 @@ def measure_all(memory_runs=3):
 
 @pytest.fixture(scope="module")
 def measured(dist_pool):
-    return dist_pool.run(measure_all, world_size=2)
+    # 20 engine runs in one job: about 2 minutes at the suite's usual load, far more when the
+    # machine is shared (the pool's default 180 s timed out at load ~20)
+    return dist_pool.run(measure_all, world_size=2, timeout=900)
 
 
 @pytest.mark.parametrize("name", sorted(VALIDATION_CASES))
@@ -64,15 +66,30 @@ def test_ulysses_all_to_alls_and_the_sequence_data_all_reduce_equal_the_comms_lo
         assert logged == expected, f"rank {rank} sp2: logged {logged}, planned {expected}"
 
 
-@pytest.mark.parametrize("name", MEMORY_CASES)
+# ZeRO-3 with every parameter persistent: the peak of a run is bimodal under load, 5,880,164
+# bytes or 1.1-1.6 model copies more (in about half the runs at load ~15-30; docs/dev/
+# benchmarks.md), so its median is a coin toss; the lower mode, the engine's own need, is
+# what the plan is held to, tightly
+BIMODAL_CASES = ("stage3",)
+
+
+@pytest.mark.parametrize("name", [c for c in MEMORY_CASES if c not in BIMODAL_CASES])
 def test_peak_memory_within_15_percent(measured, name):
-    """Against the median peak of five runs on each of the two ranks: single runs of the same
-    code differ by up to two model copies now and then (docs/dev/benchmarks.md)."""
+    """Against the median peak of the runs on both ranks: single runs of the same code
+    differ by up to two model copies now and then (docs/dev/benchmarks.md)."""
     _, plan = validation_plan(VALIDATION_CASES[name])
     peaks = [peak for results in measured for peak in results[name][1]]
     median = statistics.median(peaks)
     assert abs(plan.peak - median) <= 0.15 * median, \
         f"{name}: measured median {median} of {sorted(peaks)}, planned {plan.peak} ({plan})"
+
+
+@pytest.mark.parametrize("name", BIMODAL_CASES)
+def test_bimodal_peak_lower_mode_within_5_percent(measured, name):
+    _, plan = validation_plan(VALIDATION_CASES[name])
+    peaks = [peak for results in measured for peak in results[name][1]]
+    assert abs(plan.peak - min(peaks)) <= 0.05 * min(peaks), \
+        f"{name}: lowest measured {min(peaks)} of {sorted(peaks)}, planned {plan.peak} ({plan})"
 
 
 def test_layout_reads_the_config():
