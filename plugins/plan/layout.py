@@ -147,7 +147,8 @@ def layout_from_config(config: dict, world_size: int, tp: int = 1, pp: int = 1, 
     micro = int(micro or 1)
     if accum is None:
         accum = batch // (dp * micro) if batch else 1
-    precision = "bf16" if (config.get("bf16") or {}).get("enabled") else \
+    bf16 = config.get("bf16") or config.get("bfloat16") or {}  # the deprecated spelling too
+    precision = "bf16" if bf16.get("enabled") else \
         "fp16" if (config.get("fp16") or {}).get("enabled") else "fp32"
 
     def device(key):

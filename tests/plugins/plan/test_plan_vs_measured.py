@@ -96,3 +96,5 @@ def test_layout_reads_the_config():
     layout = layout_from_config(validation_config({"stage": 2, "reduce_bucket_size": 70000}), 2)
     assert layout == Layout(dp=2, zero_stage=2, micro_batch=VALIDATION_BATCH, precision="fp32",
                             reduce_bucket_size=70000)
+    for key in ("bf16", "bfloat16"):  # the deprecated spelling is still a bf16 run
+        assert layout_from_config({key: {"enabled": True}}, 2).precision == "bf16"
