@@ -1,11 +1,15 @@
 """``deepspeed --autotuning tune|run``: profile the model, run the experiments, pick the best.
 
 1. Profiling run: the user's job at micro-batch 1 with ``autotuning.model_info.profile``; it
-   records parameters, activation memory per sample and the memory each rank has.
+   records parameters, activation memory per sample, the memory each rank has and how long
+   its profiled steps took (the plan's calibration).
 2. Per ZeRO stage of the space: the micro-batch sizes memory allows (``num_tuning_micro_batch_
-   sizes`` of them, log-spaced up to the estimated maximum; user lists and fixed values kept),
-   run by the chosen tuner; an out-of-memory failure prunes the larger sizes of that stage. With
-   ``fast: false`` the stage's ZeRO knobs are then tuned at its best micro-batch size.
+   sizes`` of them, log-spaced up to the largest whose ``deepspeed.plan`` peak fits; user lists
+   and fixed values kept). With ``plan_pruning`` the plan's estimate of every experiment of
+   every stage then skips those predicted not worth running (``planning.py``). Each stage's
+   experiments are run by the chosen tuner; an out-of-memory failure prunes the larger sizes of
+   that stage. With ``fast: false`` the stage's ZeRO knobs are then tuned at its best
+   micro-batch size.
 3. The summary table per stage, ``ds_config_optimal.json`` and ``cmd_optimal.txt`` in
    ``results_dir``; ``run`` then trains with the best config through the same launcher.
 """
@@ -20,7 +24,7 @@ from typing import List, Optional
 
 from pydantic import ValidationError
 
-from deepspeed.autotuning import jobs, space as sp
+from deepspeed.autotuning import jobs, planning, space as sp
 from deepspeed.autotuning.config import AutotuningConfig
 from deepspeed.autotuning.report import score, write_summary
 from deepspeed.autotuning.tuner import make_tuner
@@ -37,6 +41,14 @@ class AutotuningError(RuntimeError):
 def _clock(start):
     seconds = int(time.perf_counter() - start)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def timed(config: dict) -> dict:
+    """An experiment's config: the engine's timers on (the probe reads them), its progress
+    lines off (``EXPERIMENT_KEYS``, restored to the user's values in the best config)."""
+    config["wall_clock_breakdown"] = True
+    config["steps_per_print"] = 10 ** 9
+    return config
 
 
 def dotted_get(config: dict, key: str):
@@ -69,7 +81,7 @@ class Autotuner:
                 else f"autotuning: {e['msg']}" for e in exc.errors())) from None
         self.space = sp.build_space(self.user_config, self.section,
                                     source=self.command.config_path)
-        self.world = self._world_size(args)
+        self.world, self.ranks_per_node = self._world_size(args)
         if self.world % self.section.mp_size:
             raise ValueError(f"autotuning.mp_size ({self.section.mp_size}) does not divide the "
                              f"world size {self.world}")
@@ -80,6 +92,7 @@ class Autotuner:
         self.pruned = []
         self.failures = []
         self.oom = set()  # (stage, micro-batch) that ran out of memory
+        self.planner = None  # deepspeed.plan over the profiled model (after profile())
         self.start = time.perf_counter()
         self.count = 0
 
@@ -89,11 +102,13 @@ class Autotuner:
 
     @staticmethod
     def _world_size(args):
+        """(ranks in all, ranks on the fullest node)."""
         from deepspeed.launcher.runner import resolve_resources
 
         probe = copy.copy(args)
         _pool, active = resolve_resources(probe, dict(os.environ))
-        return sum(len(slots) for slots in active.values())
+        per_node = [len(slots) for slots in active.values()]
+        return sum(per_node), max(per_node, default=1)
 
     # -- one experiment -------------------------------------------------------------------------
     def _autotuning_section(self, **extra):
@@ -122,9 +137,7 @@ class Autotuner:
         section = self._autotuning_section(
             metric_path=os.path.join(self.results_dir, point.name, "metrics.json"))
         config = sp.experiment_config(self.user_config, point, self.dp_world, self.space, section)
-        config["wall_clock_breakdown"] = True  # the probe reads the engine's timers
-        config["steps_per_print"] = 10 ** 9
-        return config
+        return timed(config)
 
     def evaluate(self, point) -> Optional[float]:
         config = self.experiment_config(point)
@@ -162,16 +175,15 @@ class Autotuner:
         name = "profile_model_info"
         info_path = os.path.join(self.results_dir, name, "model_info.json")
         section = self._autotuning_section(model_info={"profile": True},
-                                           model_info_path=info_path,
-                                           start_profile_step=0, end_profile_step=1)
+                                           model_info_path=info_path)
         section.pop("metric_path", None)
         self._say(f"profiling the model (parameters, activation memory) on {self.world} rank(s)")
         # stage 0 sees the parameters whole (exact activation bytes); stage 3 is the fallback
         # for a model whose states do not fit unpartitioned
         for stage in (0, 3):
             point = sp.Point(stage, self.section.min_train_micro_batch_size_per_gpu, 1)
-            config = sp.experiment_config(self.user_config, point, self.dp_world, self.space,
-                                          section)
+            config = timed(sp.experiment_config(self.user_config, point, self.dp_world,
+                                                self.space, section))
             result = self._run(name, config, info_path)
             if result.ok:
                 break
@@ -186,24 +198,54 @@ class Autotuner:
                   f"{info['memory_per_rank'] / 2**30:.1f} GiB memory per rank")
         return info
 
-    def tune_stage(self, stage, model_info):
+    def calibrate(self, model_info):
+        """The plan's fixed cost per micro-batch, from the profiling run's measured steps."""
+        measured = (model_info or {}).get("profile_metrics")
+        if self.planner is None or not measured:
+            return
+        point = sp.Point(measured["zero_stage"], measured["train_micro_batch_size_per_gpu"],
+                         measured["gradient_accumulation_steps"])
+        overhead = self.planner.calibrate(self.experiment_config(point), measured["latency"])
+        self._say(f"plan: {overhead * 1000:.3g} ms per micro-batch beyond the roofline "
+                  f"(measured {measured['latency']:.4g} ms per step in the profiling run)")
+
+    def stage_points(self, stage):
+        """The experiments of ``stage``'s micro-batch space (memory pruning applied)."""
         micro_batches, why = sp.micro_batches_for_stage(self.space, stage, self.section,
-                                                        model_info, self.dp_world,
+                                                        self.planner, self.dp_world,
                                                         self.user_config)
         if why:
             self.pruned.append({"stage": stage, "reason": why})
         if not micro_batches:
             self._say(f"stage {stage}: pruned ({why or 'no feasible micro-batch size'})")
-            return None
-        points = sp.points_for_stage(self.space, stage, micro_batches, self.dp_world)
+            return []
         self._say(f"stage {stage}: micro-batch sizes {micro_batches}" + (f" ({why})" if why else ""))
+        return sp.points_for_stage(self.space, stage, micro_batches, self.dp_world)
+
+    def plan_prune(self, points):
+        """``plan_pruning``: the points the plan predicts worth running, in their order."""
+        if not self.section.plan_pruning or self.planner is None or not points:
+            return points
+        kept, skipped = planning.prune(
+            points, lambda p: self.planner.score(self.experiment_config(p), self.section.metric),
+            self.section.plan_keep_ratio)
+        for point, why in skipped.items():
+            self.pruned.append({"stage": point.stage, "reason": f"{point.name}: {why}"})
+        if skipped:
+            self._say(f"plan pruning skips {len(skipped)} of {len(points)} experiments: "
+                      + ", ".join(f"{p.name} ({why})" for p, why in skipped.items()))
+        return kept
+
+    def tune_stage(self, stage, points):
+        if not points:
+            return None
         tuner = make_tuner(self.section.tuner_type, points, self.section.tuner_num_trials,
                            self.section.tuner_early_stopping)
         too_big = lambda p: any(s == p.stage and m <= p.micro_batch for s, m in self.oom)  # noqa
         results = tuner.tune(self.evaluate, skip=too_big)
         done = [(p, s) for p, s in results if s is not None]
         best = max(done, key=lambda item: item[1])[0] if done else None
-        knob_points = sp.knob_points(self.space, best) if best is not None else []
+        knob_points = self.plan_prune(sp.knob_points(self.space, best)) if best is not None else []
         if knob_points:
             self._say(f"stage {stage}: tuning ZeRO knobs at micro-batch {best.micro_batch}")
             tuner = make_tuner(self.section.tuner_type, knob_points,
@@ -218,12 +260,20 @@ class Autotuner:
                   f"rank(s), metric {self.section.metric}, tuner {self.section.tuner_type}; "
                   f"results in {self.results_dir}")
         model_info = self.profile()
+        self.planner = planning.planner_for(model_info, self.dp_world, self.ranks_per_node)
+        self.calibrate(model_info)
+        if self.section.plan_pruning and self.planner is None:
+            self._say("plan_pruning needs the profiling run's figures (parameters, activations, "
+                      "memory per rank); without them every experiment runs")
+        # the whole space is planned at once: pruning compares stages with each other
+        points = [p for stage in self.space.stages for p in self.stage_points(stage)]
+        points = self.plan_prune(points)
         # the number of experiments is not known in advance (pruning, early stopping): the bar
         # counts them and shows the elapsed time
         self.bar = progress(desc="autotuning experiments", unit="exp")
         try:
             for stage in self.space.stages:
-                self.tune_stage(stage, model_info)
+                self.tune_stage(stage, [p for p in points if p.stage == stage])
         finally:
             self.bar.close()
             self.bar = None

@@ -66,6 +66,8 @@ class AutotuningConfig(DeepSpeedConfigModel):
         "arg_mappings": LAUNCH + "test_run_mode_trains_with_the_best_config",
         "metric_path": KEYS + "test_metric_path_and_model_info_profile_switch_the_probe_plugin_on",
         "model_info_path": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
+        **dict.fromkeys(("plan_pruning", "plan_keep_ratio"),
+                        KEYS + "test_plan_pruning_runs_fewer_experiments_for_the_same_best"),
     }
 
     enabled: bool = False
@@ -94,6 +96,13 @@ class AutotuningConfig(DeepSpeedConfigModel):
     """At most this many experiments per tuning space."""
     arg_mappings: Optional[Dict[str, str]] = None
     """DeepSpeed config key (dotted for nested keys) -> the script's own flag carrying it."""
+    plan_pruning: bool = False
+    """Before any experiment runs, estimate every one with ``deepspeed.plan`` (from the
+    profiling run's figures) and skip those it predicts do not fit or reach less than
+    ``plan_keep_ratio`` of the best predicted metric."""
+    plan_keep_ratio: float = Field(0.8, gt=0, le=1)
+    """With ``plan_pruning``: the fraction of the best predicted metric an experiment must
+    reach to be run (1: only the predicted best; smaller keeps more)."""
     metric_path: Optional[str] = None
     model_info_path: Optional[str] = None
     model_info: Optional[ModelInfoConfig] = None

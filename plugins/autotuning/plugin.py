@@ -14,6 +14,7 @@ SECTION = "autotuning"
 
 class AutotuningPlugin(DeepSpeedPlugin):
     config_sections = {SECTION: AutotuningConfig}
+    depends_on = ("plan",)  # the memory model and estimate the search prunes with
     enabled_by = "autotuning.metric_path or autotuning.model_info.profile (set by the autotuner)"
 
     def __init__(self):

@@ -7,8 +7,10 @@ turns ``wall_clock_breakdown`` on) for every micro-step of the optimizer steps
 ``start_profile_step < n <= end_profile_step``, writes the metrics on rank 0 and ends the process
 (the rest of the user's script never runs: the experiment has answered its question).
 
-The profiling run records the model's parameter count, the activation memory one sample keeps
-for backward (the bytes autograd saves during the first forward, parameters excluded) and the
+The profiling run (measuring the same steps as every experiment) records the model's parameter
+count (and each parameter's size, in order), the timing metrics of its own steps (what
+``deepspeed.plan``'s estimate is calibrated with), the activation memory one sample keeps for
+backward (the bytes autograd saves during the first forward, parameters excluded) and the
 forward flops per sample (``torch.utils.flop_counter``), then exits after one step.
 """
 import json
@@ -138,10 +140,11 @@ class ExperimentProbe:
         self.pending = False
         if measuring:
             self.measured_steps += 1
-        if self.profile_model and self.engine.global_steps >= 1:
-            self._finish(self._model_info(), self.section.model_info_path)
         if self.engine.global_steps >= self.section.end_profile_step:
             self.wall_s = time.perf_counter() - (self.window_start or time.perf_counter())
+            if self.profile_model:  # the model's figures and how long its steps took
+                self._finish(dict(self._model_info(), profile_metrics=self._metrics()),
+                             self.section.model_info_path)
             self._finish(self._metrics(), self.section.metric_path)
 
     # -- results ----------------------------------------------------------------------------
@@ -184,6 +187,9 @@ class ExperimentProbe:
             "num_params": int(sum(getattr(p, "ds_numel", p.numel()) for p in params)),
             "trainable_num_params": int(sum(getattr(p, "ds_numel", p.numel())
                                             for p in params if p.requires_grad)),
+            # the order ZeRO fills its buckets in: deepspeed.plan cuts its collectives from it
+            "param_numels": [int(getattr(p, "ds_numel", p.numel())) for p in params
+                             if p.requires_grad],
             "bytes_per_param": int(params[0].element_size()) if params else 4,
             "activation_mem_per_sample": int(self._max_over_ranks(
                 (self.activation_bytes or 0) / micro)),

@@ -2,10 +2,10 @@
 
 A value the user wrote is fixed; ``"auto"`` (or no value) is tuned over the default space; a list
 is tuned over exactly that list. ZeRO stage and micro-batch size per GPU are always tuning
-dimensions; with ``fast: false`` the stage's ZeRO knobs are too. Memory pruning uses the
-profiling run's figures: the model states a rank holds at each stage (ZeRO's partitioning of
-weights, gradients and optimizer state over the data-parallel ranks) plus the activations of one
-sample times the micro-batch size must fit in the rank's memory.
+dimensions; with ``fast: false`` the stage's ZeRO knobs are too. Memory pruning asks
+``deepspeed.plan`` (through ``planning.ExperimentPlanner``, fed by the profiling run) whether
+each experiment's per-rank peak fits: model states as the stage partitions them, the
+activations of the micro-batch, the engine's buffers.
 """
 import copy
 import itertools
@@ -13,9 +13,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from deepspeed.autotuning.planning import largest_fitting
+
 AUTO = "auto"
 STAGES = (0, 1, 2, 3)
-MEMORY_HEADROOM = 0.9  # allocator fragmentation, buffers, the framework itself
 
 # the ZeRO knobs tuned with ``fast: false``, per stage: config key -> values tried
 _BUCKETS = [50_000_000, 500_000_000, 1_000_000_000]
@@ -148,44 +149,20 @@ def build_space(user_config: dict, section, source="the DeepSpeed config") -> Sp
 
 
 # -- memory --------------------------------------------------------------------------------------
-def optimizer_state_bytes(user_config: dict) -> Tuple[int, int]:
-    """(bytes per parameter of the weights, of the optimizer's fp32 state incl. master copy)."""
-    half = any(isinstance(user_config.get(k), dict) and user_config[k].get("enabled") is True
-               for k in ("fp16", "bf16", "bfloat16"))
-    optimizer = str((user_config.get("optimizer") or {}).get("type", "adam")).lower()
-    moments = 1 if optimizer in ("sgd", "adagrad", "lion") else 2
-    state = 4 * moments + (4 if half else 0)
-    return (2 if half else 4), state
-
-
-def model_state_bytes(stage: int, num_params: int, dp_world: int, weight_bytes: int,
-                      state_bytes: int) -> float:
-    """Per-rank bytes of weights + gradients + optimizer state at a ZeRO stage."""
-    weights, grads, states = (num_params * weight_bytes, num_params * weight_bytes,
-                              num_params * state_bytes)
-    if stage >= 1:
-        states /= dp_world
-    if stage >= 2:
-        grads /= dp_world
-    if stage >= 3:
-        weights /= dp_world
-    return weights + grads + states
-
-
-def max_micro_batch_for_memory(stage: int, model_info: dict, dp_world: int, user_config: dict,
-                               cap: int) -> int:
-    """The largest micro-batch whose activations fit next to the stage's model states (``cap``
-    when the activation size is unknown); 0 when not even the model states fit."""
-    weight_bytes, state_bytes = optimizer_state_bytes(user_config)
-    budget = model_info.get("memory_per_rank", 0) * MEMORY_HEADROOM
-    if not budget:
+def max_micro_batch_for_memory(space: "Space", stage: int, planner, dp_world: int,
+                               user_config: dict, cap: int) -> int:
+    """The largest micro-batch (up to ``cap``) whose experiment the plan says fits a rank's
+    memory (``deepspeed.autotuning.planning``); ``cap`` without a planner (nothing measured);
+    0 when not even the model states fit."""
+    if planner is None:
         return cap
-    left = budget - model_state_bytes(stage, model_info.get("num_params", 0), dp_world,
-                                      weight_bytes, state_bytes)
-    if left <= 0:
-        return 0
-    per_sample = model_info.get("activation_mem_per_sample", 0)
-    return cap if per_sample <= 0 else min(cap, int(left // per_sample))
+    gas = space.gas or 1
+
+    def fits(micro):
+        config = experiment_config(user_config, Point(stage, micro, gas), dp_world, space, {})
+        return planner.fits(config)
+
+    return largest_fitting(fits, cap)
 
 
 def spread(low: int, high: int, count: int) -> List[int]:
@@ -197,9 +174,10 @@ def spread(low: int, high: int, count: int) -> List[int]:
     return [v for v in values if low <= v <= high]
 
 
-def micro_batches_for_stage(space: Space, stage: int, section, model_info: Optional[dict],
-                            dp_world: int, user_config: dict) -> Tuple[List[int], str]:
-    """(micro-batch sizes to try at ``stage``, why some were pruned or '' )."""
+def micro_batches_for_stage(space: Space, stage: int, section, planner, dp_world: int,
+                            user_config: dict) -> Tuple[List[int], str]:
+    """(micro-batch sizes to try at ``stage``, why some were pruned or '' ). ``planner``: an
+    ``ExperimentPlanner`` over the profiled model (None: no memory pruning)."""
     low = section.min_train_micro_batch_size_per_gpu
     cap = section.max_train_micro_batch_size_per_gpu
     gas = space.gas or 1
@@ -207,8 +185,8 @@ def micro_batches_for_stage(space: Space, stage: int, section, model_info: Optio
         cap = min(cap, section.max_train_batch_size // (gas * dp_world))
     low = max(low, math.ceil(section.min_train_batch_size / (gas * dp_world)))
     reason = ""
-    if model_info:
-        fits = max_micro_batch_for_memory(stage, model_info, dp_world, user_config, cap)
+    if planner is not None:
+        fits = max_micro_batch_for_memory(space, stage, planner, dp_world, user_config, cap)
         if fits < cap:
             reason = f"memory estimate allows micro-batch <= {fits} at stage {stage}"
         cap = min(cap, fits)

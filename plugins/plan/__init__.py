@@ -14,13 +14,14 @@ from deepspeed.plan.cluster import Cluster, cluster
 from deepspeed.plan.comms import Collective, by_name, per_step
 from deepspeed.plan.layout import Layout, deepspeed_config, layout_from_config
 from deepspeed.plan.memory import MemoryPlan, memory_per_rank
-from deepspeed.plan.model_spec import ModelSpec, from_module, from_transformers, load_model
+from deepspeed.plan.model_spec import (ModelSpec, from_measurements, from_module, from_transformers,
+                                      load_model)
 from deepspeed.plan.search import Estimate, estimate, layouts, search
 
 describe_model = load_model
 
 __all__ = ["Cluster", "cluster", "Collective", "by_name", "per_step", "Layout", "deepspeed_config",
-           "layout_from_config", "MemoryPlan", "memory_per_rank", "ModelSpec", "from_module",
+           "layout_from_config", "MemoryPlan", "memory_per_rank", "ModelSpec", "from_measurements", "from_module",
            "from_transformers", "load_model", "describe_model", "Estimate", "estimate", "layouts",
            "search"]
 

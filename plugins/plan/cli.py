@@ -32,6 +32,8 @@ def parser():
     p.add_argument("--host-memory-gb", type=float, help="CPU memory of one node, GiB")
     p.add_argument("--intra-bw-gbps", type=float, help="intra-node GB/s per accelerator")
     p.add_argument("--inter-bw-gbps", type=float, help="inter-node GB/s per accelerator")
+    p.add_argument("--memory-bw-gbps", type=float,
+                   help="GB/s of one accelerator's memory (bounds the optimizer step)")
     p.add_argument("--global-batch", type=int, help="samples per optimizer step (search)")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages the search may use")
@@ -98,7 +100,8 @@ def main(argv=None):
                      gpu_memory=args.gpu_memory_gb and int(args.gpu_memory_gb * GB),
                      host_memory=args.host_memory_gb and int(args.host_memory_gb * GB),
                      intra_bw=args.intra_bw_gbps and args.intra_bw_gbps * 1e9,
-                     inter_bw=args.inter_bw_gbps and args.inter_bw_gbps * 1e9)
+                     inter_bw=args.inter_bw_gbps and args.inter_bw_gbps * 1e9,
+                     memory_bw=args.memory_bw_gbps and args.memory_bw_gbps * 1e9)
         spec = load_model(args.model, seq_len=args.seq_len)
         if args.config or args.layout:
             if args.layout:

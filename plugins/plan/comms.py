@@ -23,7 +23,7 @@ from typing import Dict, List
 
 from deepspeed.plan.cluster import Cluster
 from deepspeed.plan.layout import Layout
-from deepspeed.plan.memory import BYTES_PER_PARAM, rank_params
+from deepspeed.plan.memory import BYTES_PER_PARAM, shard_numels
 from deepspeed.plan.model_spec import ModelSpec
 
 
@@ -72,23 +72,14 @@ def _pack(sizes, limit):
     return bucket_runs(sizes, limit, size=lambda n: n, kind=lambda n: None)
 
 
-def _shard_numels(spec: ModelSpec, layout: Layout):
-    """This rank's share of each parameter before ZeRO (model parallelism splits each
-    evenly; the planner does not know which tensor a scheme leaves whole)."""
-    split = layout.model_parallel
-    if spec.param_numels and sum(spec.param_numels) == spec.total_params:
-        numels = [max(n // split, 1) for n in spec.param_numels] if split > 1 else list(spec.param_numels)
-    else:
-        numels = [rank_params(spec, layout)]
-    return numels
-
-
 def data_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
-    n = layout.dp
+    """Gradient reduction and ZeRO's gathers over the ranks holding the same weights (data
+    and sequence parallel: ``layout.zero_ranks``)."""
+    n = layout.zero_ranks
     if n == 1:
         return []
     wb, gb, _ = BYTES_PER_PARAM[layout.precision]
-    numels = _shard_numels(spec, layout)
+    numels = shard_numels(spec, layout)
     stage = layout.zero_stage
     if stage == 0:
         return [Collective("all_reduce", "data", n).add(sum(numels) * gb)]
@@ -181,7 +172,7 @@ def _spans_nodes(layout: Layout, cluster: Cluster, group: str) -> bool:
     """Rank order is tp fastest, then sp, dp, pp (Megatron's): a group crosses nodes when its
     members' span exceeds a node."""
     stride_size = {"tensor": (1, layout.tp), "sequence": (layout.tp, layout.sp),
-                   "data": (layout.tp * layout.sp, layout.dp),
+                   "data": (layout.tp, layout.sp * layout.dp),
                    "expert": (layout.tp * layout.sp, layout.ep),
                    "pipe": (layout.tp * layout.sp * layout.dp, layout.pp)}[group]
     stride, size = stride_size

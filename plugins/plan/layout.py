@@ -1,7 +1,8 @@
 """One way to lay a training job over a cluster: the parallel degrees, the ZeRO stage and its
 offloads, the batch split and the precision. It turns into the DeepSpeed config that runs it.
 
-The degrees multiply to the world size: ``dp * tp * pp * sp`` ranks. Expert parallelism
+The degrees multiply to the world size: ``dp * tp * pp * sp`` ranks. Gradients are averaged
+and ZeRO partitions over ``dp * sp`` of them (``zero_ranks``). Expert parallelism
 (``ep``) splits the data-parallel ranks further for expert weights only (each expert group
 holds ``num_experts / ep`` experts), so it must divide ``dp``.
 """
@@ -63,6 +64,14 @@ class Layout:
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks holding the same weights, which gradients are averaged over and ZeRO
+        partitions over: the data-parallel ranks times the sequence-parallel ones (a
+        sequence-parallel rank holds the whole model and sees part of every sample; the
+        engine's ``sequence_data`` group)."""
+        return self.dp * self.sp
 
     @property
     def model_parallel(self) -> int:
@@ -138,7 +147,8 @@ def layout_from_config(config: dict, world_size: int, tp: int = 1, pp: int = 1, 
     micro = int(micro or 1)
     if accum is None:
         accum = batch // (dp * micro) if batch else 1
-    precision = "bf16" if (config.get("bf16") or {}).get("enabled") else \
+    bf16 = config.get("bf16") or config.get("bfloat16") or {}  # the deprecated spelling too
+    precision = "bf16" if bf16.get("enabled") else \
         "fp16" if (config.get("fp16") or {}).get("enabled") else "fp32"
 
     def device(key):

@@ -64,12 +64,31 @@ def rank_params(spec: ModelSpec, layout: Layout) -> int:
     return dense // layout.model_parallel + spec.expert_params // (layout.model_parallel * layout.ep)
 
 
+def shard_numels(spec: ModelSpec, layout: Layout):
+    """This rank's share of each parameter before ZeRO (model parallelism splits each
+    evenly; the planner does not know which tensor a scheme leaves whole)."""
+    split = layout.model_parallel
+    if spec.param_numels and sum(spec.param_numels) == spec.total_params:
+        numels = [max(n // split, 1) for n in spec.param_numels] if split > 1 else list(spec.param_numels)
+    else:
+        numels = [rank_params(spec, layout)]
+    return numels
+
+
+def persistent_numel(spec: ModelSpec, layout: Layout) -> int:
+    """Elements of the parameters ZeRO-3 keeps whole on every rank (those smaller than
+    ``stage3_param_persistence_threshold``); 0 when the parameter sizes are unknown."""
+    if layout.zero_stage != 3 or not spec.param_numels:
+        return 0
+    return sum(n for n in shard_numels(spec, layout) if n < layout.param_persistence_threshold)
+
+
 def _dp_nodes(layout: Layout, cluster: Cluster):
     """(data-parallel ranks per node, nodes) as the estimators count them: the ranks one
     model-parallel shard is replicated over, laid out densely on nodes."""
     per_node = max(cluster.gpus_per_node // layout.model_parallel, 1)
-    per_node = min(per_node, layout.dp)
-    return per_node, max(layout.dp // per_node, 1)
+    per_node = min(per_node, layout.zero_ranks)
+    return per_node, max(layout.zero_ranks // per_node, 1)
 
 
 def model_states(spec: ModelSpec, layout: Layout, cluster: Cluster) -> MemoryPlan:
@@ -79,14 +98,20 @@ def model_states(spec: ModelSpec, layout: Layout, cluster: Cluster) -> MemoryPla
     partition (16 bytes per parameter over ``dp``, fp32 training included: the partition is a
     copy, not a view of the weights). Stage 2 keeps no whole gradients: each gradient goes
     into the reduce bucket as backward produces it (``grads`` is the largest gradient not yet
-    placed; the bucket is an engine buffer).
+    placed; the bucket is an engine buffer). Stage 3 keeps its persistent parameters whole
+    (measured: a model of only persistent parameters rests at its whole weights plus the
+    optimizer's partition) and the others as shards.
     """
     count = rank_params(spec, layout)
     wb, gb, ob = BYTES_PER_PARAM[layout.precision]
-    n = layout.dp
+    n = layout.zero_ranks
     stage = layout.zero_stage
     shard = -(-count // n)
-    params = count * wb if stage < 3 else shard * wb
+    if stage < 3:
+        params = count * wb
+    else:
+        persistent = persistent_numel(spec, layout)
+        params = (persistent + -(-(count - persistent) // n)) * wb
     if stage < 2:
         grads = count * gb
     else:
@@ -145,7 +170,7 @@ def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
     """The engine's own transient buffers at the backward peak (see the module docstring):
     stage 0's flat all-reduce copy of every gradient, a ZeRO reduce bucket's flat send
     buffer and receive piece, stage 3's prefetched parameters."""
-    if layout.dp == 1:
+    if layout.zero_ranks == 1:
         return {}
     count = rank_params(spec, layout)
     wb, gb, _ = BYTES_PER_PARAM[layout.precision]
@@ -155,19 +180,28 @@ def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
     if layout.zero_stage in (1, 2) and layout.grad_accum > 1:
         # a bucket's reduced piece lands in a fresh buffer when its gradient partition already
         # holds something: every reduction after the first of an accumulation
-        buffers["receive piece"] = -(-min(layout.reduce_bucket_size, count) // layout.dp) * gb
-    if layout.zero_stage == 3:
-        buffers["prefetch"] = min(layout.prefetch_bucket_size, count) * wb
+        buffers["receive piece"] = -(-min(layout.reduce_bucket_size, count) // layout.zero_ranks) * gb
+    if layout.zero_stage == 3:  # persistent parameters are never gathered
+        gathered = count - persistent_numel(spec, layout)
+        if gathered:
+            buffers["prefetch"] = min(layout.prefetch_bucket_size, gathered) * wb
     return buffers
 
 
 def step_transient(spec: ModelSpec, layout: Layout) -> int:
-    """What a ZeRO-1/2 optimizer step allocates above the resting state: the unscaled
-    gradient partition, the step's temporaries and the all-gather's copy of the updated piece
-    (three partition-sized fp32 tensors, measured)."""
-    if layout.zero_stage not in (1, 2) or layout.dp == 1 or layout.offload_optimizer != "none":
+    """What an optimizer step allocates above the resting state (measured,
+    ``docs/dev/benchmarks.md``). ZeRO-1/2: the unscaled gradient partition, the step's
+    temporaries and the all-gather's copy of the updated piece (three partition-sized fp32
+    tensors). ZeRO-3: one partition-sized fp32 tensor, and the refresh of the persistent
+    parameters (one all-gather: its output and the send buffer with its staging copy, two
+    whole copies of them)."""
+    if layout.zero_stage == 0 or layout.zero_ranks == 1 or layout.offload_optimizer != "none":
         return 0
-    return 3 * -(-rank_params(spec, layout) // layout.dp) * 4
+    partition = -(-rank_params(spec, layout) // layout.zero_ranks) * 4
+    if layout.zero_stage in (1, 2):
+        return 3 * partition
+    wb = BYTES_PER_PARAM[layout.precision][0]
+    return partition + 2 * persistent_numel(spec, layout) * wb
 
 
 def memory_per_rank(spec: ModelSpec, layout: Layout, cluster: Cluster) -> MemoryPlan:

@@ -260,6 +260,26 @@ def from_transformers(name_or_dict, seq_len: int = 2048) -> ModelSpec:
                      expert_params=expert_params, act_dtype_bytes=2)
 
 
+def from_measurements(num_params: int, activation_bytes_per_sample: int, flops_per_sample: int,
+                      param_numels: Sequence[int] = (), bytes_per_param: int = 4,
+                      num_layers: int = 1, hidden_size: int = 0,
+                      name: str = "measured model") -> ModelSpec:
+    """A spec from figures measured on a real forward (the autotuner's profiling run) rather
+    than traced on meta: one rank's parameters, the bytes autograd saved for one sample, the
+    forward FLOPs of one sample, the parameter sizes in registration order when known. The
+    sequence length is folded into the per-sample figures (``seq_len`` 1); activation
+    checkpointing figures are unknown (``layer_input_bytes`` 0)."""
+    numels = tuple(int(n) for n in param_numels)
+    if numels and sum(numels) != num_params:
+        numels = ()  # frozen parameters or a partial list: the order cannot be trusted
+    return ModelSpec(name=name, total_params=int(num_params),
+                     largest_layer_params=max(numels, default=int(num_params)),
+                     num_layers=max(int(num_layers or 1), 1), hidden_size=int(hidden_size or 0),
+                     seq_len=1, activation_bytes=int(activation_bytes_per_sample),
+                     layer_input_bytes=0, flops_per_sample=int(flops_per_sample),
+                     param_numels=numels, act_dtype_bytes=int(bytes_per_param))
+
+
 def load_model(model: str, seq_len: int = 2048) -> ModelSpec:
     """The CLI's reading of ``--model``: ``module:function`` or a transformers config."""
     if ":" in model and not model.startswith(("/", ".")):

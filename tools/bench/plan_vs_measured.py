@@ -10,7 +10,8 @@ from pathlib import Path
 # the model-parallel scenarios and the one-job measurement live with the planner's tests
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "plugins" / "plan"))
 
-from parallel_scenarios import pipeline_plan, tensor_parallel_plan  # noqa: E402
+from parallel_scenarios import (pipeline_plan, sequence_parallel_plan,  # noqa: E402
+                                tensor_parallel_plan)
 from test_plan_vs_measured import measure_all  # noqa: E402
 
 from deepspeed.plan.measure import MEMORY_CASES, VALIDATION_CASES, validation_plan  # noqa: E402
@@ -18,7 +19,7 @@ from deepspeed.testing.distributed import run_distributed  # noqa: E402
 
 
 def main():
-    ranks = run_distributed(measure_all, world_size=2)
+    ranks = run_distributed(measure_all, args=(5,), world_size=2)
     print("| case | collective | planned {bytes: calls} per step | logged (rank 0; rank 1) "
           "| planned peak | measured peak, 5 runs x 2 ranks | error vs median |")
     print("|---|---|---|---|---|---|---|")
@@ -32,12 +33,12 @@ def main():
                 median = statistics.median(peaks)
                 memory = [f"{plan.peak:,}", f"median {median:,.0f} (min {peaks[0]:,}, max {peaks[-1]:,})",
                           f"{abs(plan.peak - median) / median:.1%}"]
-            elif i == 0 and zero["stage"] == 3:
-                memory = ["", "not measurable (ZeRO-3 frees in place)", ""]
             print(f"| {name if i == 0 else ''} | `{op}` | {planned.get(op, {})} | {logged} | "
                   + " | ".join(memory) + " |")
     for case, title, plan in (("pipeline pp2", "pipeline pp2 (ga 3)", pipeline_plan),
-                              ("tensor tp2", "tensor tp2 (tiny Llama)", tensor_parallel_plan)):
+                              ("tensor tp2", "tensor tp2 (tiny Llama)", tensor_parallel_plan),
+                              ("sequence sp2", "Ulysses sp2 (tiny Llama, stage 0)",
+                               sequence_parallel_plan)):
         planned = plan()
         for i, op in enumerate(sorted(set(planned) | set(ranks[0][case][0]))):
             logged = "; ".join(str(r[case][0].get(op, {})) for r in ranks)

@@ -76,20 +76,48 @@ def test_user_fixed_values_are_respected_and_auto_is_filled():
     assert [p.gas for p in sp.points_for_stage(space, 0, mbs, 2)] == [12 // m for m in mbs]
 
 
-def test_memory_pruning_follows_zero_partitioning():
+def test_memory_pruning_follows_the_plan():
+    """Memory pruning is deepspeed.plan's per-rank peak (model states as each stage partitions
+    them, activations, engine buffers) within 90% of the rank's memory, nothing else."""
+    from deepspeed.autotuning.planning import MEMORY_HEADROOM, planner_for
+    from deepspeed.plan import Layout, memory_per_rank
+
     info = {"num_params": 10 ** 6, "activation_mem_per_sample": 10 ** 5,
-            "memory_per_rank": 20 * 10 ** 6}
-    fits = [sp.max_micro_batch_for_memory(s, info, 4, {}, 1024) for s in sp.STAGES]
-    # fp32 Adam: 16 B/param at stage 0 does not fit in 18 MB; each stage frees more
-    states = [sp.model_state_bytes(s, 10 ** 6, 4, 4, 8) for s in sp.STAGES]
-    assert states == [16e6, 10e6, 7e6, 4e6]
-    assert fits == [math.floor((18e6 - b) / 1e5) for b in states] == [20, 80, 110, 140]
+            "memory_per_rank": 30 * 10 ** 6, "param_numels": [250_000] * 4}
+    planner = planner_for(info, 4)
     space = sp.build_space({}, FAST)
-    mbs, why = sp.micro_batches_for_stage(space, 0, FAST, info, 4, {})
-    assert mbs[-1] == 20 and "memory estimate allows micro-batch <= 20" in why
-    tight = dict(info, memory_per_rank=10 ** 7)
+    fits = [sp.max_micro_batch_for_memory(space, s, planner, 4, {}, 1024) for s in sp.STAGES]
+    # stages 1 and 2 free more each; stage 3's prefetch bucket (here the whole model) costs
+    # more than its partitioned weights save
+    assert fits[0] < fits[1] < fits[2] < 1024 and fits[0] < fits[3] < fits[2]
+    for stage, largest in enumerate(fits):  # exactly the plan's largest fitting micro-batch
+        peak = [memory_per_rank(planner.spec, Layout(dp=4, zero_stage=stage, micro_batch=m,
+                                                     precision="fp32"), planner.cluster).peak
+                for m in (largest, largest + 1)]
+        budget = info["memory_per_rank"] * MEMORY_HEADROOM
+        assert peak[0] <= budget < peak[1], (stage, largest, peak)
+    mbs, why = sp.micro_batches_for_stage(space, 0, FAST, planner, 4, {})
+    assert mbs[-1] == fits[0] and f"memory estimate allows micro-batch <= {fits[0]}" in why
+    tight = planner_for(dict(info, memory_per_rank=10 ** 7), 4)
     assert sp.micro_batches_for_stage(space, 0, FAST, tight, 4, {})[0] == []
     assert sp.spread(1, 1024, 3) == [1, 32, 1024] and sp.spread(4, 4, 3) == [4]
+    # the config's precision reaches the plan: mixed precision's fp32 master weights and
+    # gradients beside the bf16 ones (20 bytes per parameter, 16 in fp32) leave less room
+    bf16 = {"bf16": {"enabled": True}}
+    assert sp.max_micro_batch_for_memory(space, 0, planner, 4, bf16, 1024) < fits[0]
+
+
+def test_plan_pruning_keeps_what_is_predicted_close_to_the_best():
+    from deepspeed.autotuning.planning import largest_fitting, prune
+
+    predicted = {"a": 100.0, "b": 85.0, "c": 50.0, "d": None}
+    kept, skipped = prune(list(predicted), predicted.get, keep_ratio=0.8)
+    assert kept == ["a", "b"]
+    assert skipped == {"c": "the plan predicts 50% of the best",
+                       "d": "the plan's peak memory does not fit"}
+    assert prune(list(predicted), predicted.get, keep_ratio=0.5)[0] == ["a", "b", "c"]
+    assert largest_fitting(lambda m: m <= 37, 1024) == 37
+    assert largest_fitting(lambda m: True, 64) == 64 and largest_fitting(lambda m: False, 64) == 0
 
 
 def _score(point):  # a made-up landscape: best at stage 1, micro-batch 16

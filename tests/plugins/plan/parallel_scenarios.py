@@ -113,3 +113,62 @@ def tensor_parallel_plan():
     spec = from_transformers(TP_LLAMA, seq_len=TP_SEQ)
     layout = Layout(dp=1, tp=2, micro_batch=TP_MICRO, precision="fp32")
     return by_name_and_size(per_step(spec, layout))
+
+
+# Ulysses: every head has its own key and value (no grouped-query attention), so the query,
+# key, value and output all-to-alls of a layer move the same bytes
+SP_LLAMA = dict(TP_LLAMA, num_key_value_heads=TP_LLAMA["num_attention_heads"])
+SP_MICRO, SP_SEQ = 1, 16
+
+
+def measure_sequence_parallel(steps=2):
+    """``{collective: {size: calls}}`` of the last step of a tiny Llama whose sequences are
+    split over two ranks by Ulysses (``UlyssesSPAttentionHF``), ZeRO stage 0, fp32. Each rank
+    trains on its own half of the same sequences with its own shard's loss: the script itself
+    runs no collective, so everything logged is the engine's and the attention's."""
+    import deepspeed
+    from deepspeed import comm as dist
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from deepspeed.sequence import parallel_state
+    from transformers import AutoModelForCausalLM
+
+    from deepspeed.plan.model_spec import hf_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config(SP_LLAMA), attn_implementation="sdpa").float()
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
+        model, core_attn_implementation="sdpa", sequence_parallel_size=2, micro_batch_size=SP_MICRO)
+    try:
+        config = {"train_micro_batch_size_per_gpu": SP_MICRO, "sequence_parallel_size": 2,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                  "comms_logger": {"enabled": True, "prof_all": True}}
+        engine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu,
+                                          model_parameters=model.parameters())
+        half = SP_SEQ // 2
+        part = slice(dist.get_rank() * half, (dist.get_rank() + 1) * half)
+        positions = torch.arange(SP_SEQ)[None]
+        try:
+            for step in range(steps):
+                ids = torch.randint(0, SP_LLAMA["vocab_size"], (SP_MICRO, SP_SEQ),
+                                    generator=torch.Generator().manual_seed(step))
+                before = logged_calls()
+                out = engine(input_ids=ids[:, part], position_ids=positions[:, part],
+                             labels=ids[:, part])
+                engine.backward(out.loss)
+                engine.step()
+            return calls_between(logged_calls(), before)
+        finally:
+            engine.destroy()
+    finally:
+        parallel_state.destroy_sequence_parallel()
+
+
+def sequence_parallel_plan():
+    """The planner's ``{collective: {size: calls}}`` for ``measure_sequence_parallel``."""
+    from deepspeed.plan.comms import by_name_and_size, per_step
+    from deepspeed.plan.layout import Layout
+    from deepspeed.plan.model_spec import from_transformers
+
+    spec = from_transformers(SP_LLAMA, seq_len=SP_SEQ)
+    layout = Layout(dp=1, sp=2, micro_batch=SP_MICRO, precision="fp32")
+    return by_name_and_size(per_step(spec, layout))

@@ -119,6 +119,11 @@ def test_each_stage_and_option_moves_memory_where_it_says():
     checkpointed = memory_per_rank(spec, Layout(dp=8, activation_checkpointing=True), hw)
     assert checkpointed.activations < plain.activations
     assert memory_per_rank(spec, Layout(dp=4, tp=2), hw).activations == plain.activations // 2
+    # sequence-parallel ranks hold the same weights: ZeRO partitions over dp x sp, and each
+    # keeps its share of the sequence's activations
+    ulysses = memory_per_rank(spec, Layout(dp=4, sp=2, zero_stage=3), hw)
+    assert ulysses.model_states == memory_per_rank(spec, Layout(dp=8, zero_stage=3), hw).model_states
+    assert ulysses.activations == plain.activations // 2
 
 
 @pytest.mark.parametrize("bad,message", [
