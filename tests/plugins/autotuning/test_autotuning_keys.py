@@ -117,3 +117,22 @@ def test_metric_path_and_model_info_profile_switch_the_probe_plugin_on():
     assert "autotuning" in catalog.enabled_names(probed)
     assert "autotuning" in catalog.enabled_names(profiled)
     assert "autotuning" not in catalog.enabled_names(plain)
+
+
+def test_tuner_type_chooses_the_order_of_the_experiments(tmp_path, monkeypatch):
+    from deepspeed.autotuning import autotuner as at
+
+    monkeypatch.chdir(tmp_path)
+    orders = {}
+    try:
+        for tuner_type in ("gridsearch", "random"):
+            section = {"tuner_type": tuner_type, "tuner_num_trials": 50,
+                       "tuner_early_stopping": 50, "model_info": {"num_params": 10}}
+            tuner, ran, original = _autotuner(tmp_path, section, lambda micro: micro)
+            tuner.run_search()
+            orders[tuner_type] = ran
+    finally:
+        at.jobs.run_job = original
+    # the same experiments; "random" draws them in a shuffled (seeded) order
+    assert sorted(orders["random"]) == sorted(orders["gridsearch"])
+    assert orders["random"] != orders["gridsearch"]
