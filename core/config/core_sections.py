@@ -278,10 +278,9 @@ class CoreConfig(DeepSpeedConfigModel):
                                 "the_engine",
         "memory_breakdown": REPORTS + "test_memory_breakdown_reports_memory_around_each_step_on_"
                                       "rank_0",
-        "prescale_gradients": REPORTS + "test_sparse_gradients_with_prescaling_and_a_"
-                                        "communication_dtype",
-        "gradient_predivide_factor": REPORTS + "test_sparse_gradients_with_prescaling_and_a_"
-                                               "communication_dtype",
+        **dict.fromkeys(("prescale_gradients", "gradient_predivide_factor"),
+                        KEYS + "test_prescale_gradients_divides_before_the_reduction_so_fp16_"
+                               "sums_stay_in_range"),
         "sparse_gradients": REPORTS + "test_sparse_embedding_gradients_average_like_the_global_"
                                       "batch",
         "communication_data_type": PRECISION + "test_communication_data_type_sets_the_reduction_"

@@ -60,7 +60,7 @@ class AutotuningConfig(DeepSpeedConfigModel):
                          "min_train_micro_batch_size_per_gpu", "num_tuning_micro_batch_sizes"),
                         KEYS + "test_micro_batch_bounds_shape_the_search"),
         "mp_size": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
-        "tuner_type": LAUNCH + "test_tune_on_the_demo_gpt",
+        "tuner_type": KEYS + "test_tuner_type_chooses_the_order_of_the_experiments",
         "tuner_early_stopping": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
         "tuner_num_trials": KEYS + "test_trial_budget_early_stop_directories_and_model_info",
         "arg_mappings": LAUNCH + "test_run_mode_trains_with_the_best_config",

@@ -30,6 +30,7 @@ _T = "tests/plugins/compression/"
 INIT, CLEAN = _T + "test_init_compression.py::", _T + "test_redundancy_clean.py::"
 ENGINE, MOQ = _T + "test_compression_engine.py::", _T + "test_moq.py::"
 SNIP, KEYS = _T + "test_snip.py::", _T + "test_compression_keys.py::"
+PRUNING = KEYS + "test_pruning_groups_choose_method_ratio_modules_and_offset"
 
 class LayerReductionConfig(DeepSpeedConfigModel):
     tested_by = dict.fromkeys(
@@ -107,9 +108,10 @@ class FP16MixedQuantizeConfig(DeepSpeedConfigModel):
 
 class WeightQuantShared(DeepSpeedConfigModel):
     tested_by = {
-        **dict.fromkeys(("enabled", "schedule_offset", "quantize_groups",
-                         "quantize_weight_in_forward"),
+        **dict.fromkeys(("enabled", "schedule_offset"),
                         INIT + "test_weight_bits_follow_the_schedule"),
+        **dict.fromkeys(("quantize_groups", "quantize_weight_in_forward"),
+                        KEYS + "test_quantize_groups_and_quantize_weight_in_forward"),
         **dict.fromkeys(("quantization_type", "rounding"),
                         KEYS + "test_weight_quantization_type_and_rounding_choose_the_grid"),
     }
@@ -151,6 +153,7 @@ class ActQuantParams(DeepSpeedConfigModel):
 
 
 class ActQuantGroup(_Group):
+    tested_by = {"modules": INIT + "test_conv_and_activation_quantization"}
     without_effect = {"related_modules": _UNRELATED}
 
     params: ActQuantParams = Field(default_factory=ActQuantParams)
@@ -176,7 +179,7 @@ class ActivationQuantizationConfig(DeepSpeedConfigModel):
 
 
 class DenseRatioParams(DeepSpeedConfigModel):
-    tested_by = {"dense_ratio": INIT + "test_l1_sparse_mask_keeps_exactly_the_largest_half"}
+    tested_by = {"dense_ratio": PRUNING}
 
     dense_ratio: float = DenseRatio
 
@@ -185,7 +188,7 @@ class PruneGroup(_Group):
     """A structured (row, head, channel) pruning group: redundancy_clean shrinks its related
     modules with it."""
 
-    tested_by = {**_Group.tested_by,
+    tested_by = {"modules": PRUNING,
                  "related_modules": INIT + "test_related_modules_pair_with_their_module_pattern"}
     params: DenseRatioParams = Field(default_factory=DenseRatioParams)
 
@@ -193,7 +196,7 @@ class PruneGroup(_Group):
 class SparsePruneGroup(PruneGroup):
     """A ``sparse_pruning`` group: unstructured, so its related modules keep their shape."""
 
-    tested_by = _Group.tested_by
+    tested_by = {"modules": PRUNING}
     without_effect = {"related_modules": _UNRELATED}
 
 
@@ -203,7 +206,7 @@ class SparsePruningShared(DeepSpeedConfigModel):
         "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
         "method": INIT + "test_topk_sparse_mask_follows_learnable_scores",
         "dense_ratio": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_ratio",
-        "block_pattern": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_ratio",
+        "block_pattern": SNIP + "test_n_of_m_pattern_keeps_n_per_group",
         "schedule_offset_end": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_ratio",
         "schedule_offset_stride": SNIP + "test_block_pattern_prunes_whole_blocks_down_to_the_"
                                          "ratio",
@@ -234,9 +237,8 @@ class SparsePruningConfig(DeepSpeedConfigModel):
 
 class RowPruningShared(DeepSpeedConfigModel):
     tested_by = {
-        **dict.fromkeys(("enabled", "method"),
-                        INIT + "test_row_head_and_channel_masks_have_the_documented_pattern"),
-        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+        "enabled": INIT + "test_row_head_and_channel_masks_have_the_documented_pattern",
+        **dict.fromkeys(("method", "schedule_offset"), PRUNING),
     }
 
     enabled: bool = False
@@ -253,7 +255,7 @@ class HeadPruningShared(DeepSpeedConfigModel):
     tested_by = {
         **dict.fromkeys(("enabled", "method", "num_heads"),
                         INIT + "test_row_head_and_channel_masks_have_the_documented_pattern"),
-        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+        "schedule_offset": PRUNING,
     }
 
     enabled: bool = False
@@ -276,9 +278,8 @@ class HeadPruningConfig(DeepSpeedConfigModel):
 
 class ChannelPruningShared(DeepSpeedConfigModel):
     tested_by = {
-        **dict.fromkeys(("enabled", "method"),
-                        INIT + "test_row_head_and_channel_masks_have_the_documented_pattern"),
-        "schedule_offset": ENGINE + "test_engine_advances_the_compression_schedule",
+        "enabled": INIT + "test_row_head_and_channel_masks_have_the_documented_pattern",
+        **dict.fromkeys(("method", "schedule_offset"), PRUNING),
     }
 
     enabled: bool = False

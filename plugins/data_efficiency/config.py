@@ -30,10 +30,12 @@ SAMPLING_KEYS = "tests/plugins/data_efficiency/test_data_sampling_keys.py::"
 
 class CurriculumMetricConfig(DeepSpeedConfigModel):
     """One metric of ``data_sampling.curriculum_learning.curriculum_metrics``."""
-    tested_by = dict.fromkeys(
-        ("index_to_sample_path", "index_to_metric_path", "difficulty_type", "clustering_type",
-         "min_difficulty", "max_difficulty", "schedule_type", "schedule_config"),
-        SAMPLER + "test_percentile_difficulty")
+    tested_by = {
+        **dict.fromkeys(("index_to_sample_path", "index_to_metric_path", "difficulty_type",
+                         "min_difficulty", "max_difficulty", "schedule_type", "schedule_config"),
+                        SAMPLER + "test_percentile_difficulty"),
+        "clustering_type": SAMPLER + "test_single_cluster_metric_filters_nothing",
+    }
 
     index_to_sample_path: Optional[str] = None
     index_to_metric_path: Optional[str] = None
@@ -116,7 +118,9 @@ class RandomLTDScheduleConfig(DeepSpeedConfigModel):
 
 class RandomLTDConfig(DeepSpeedConfigModel):
     tested_by = {
-        **dict.fromkeys(("enabled", "total_layer_num", "random_ltd_layer_num",
+        # the engine only builds the scheduler when all three enabled flags are on
+        "enabled": LTD + "test_engine_random_ltd_on_2_ranks",
+        **dict.fromkeys(("total_layer_num", "random_ltd_layer_num",
                          "random_ltd_layer_id", "model_mask_name"),
                         LTD + "test_unsampled_positions_pass_through_and_kept_count_follows_"
                               "schedule"),

@@ -50,13 +50,15 @@ class ElasticityConfig(DeepSpeedConfigModel):
 
     # what each key does here (see deepspeed.config.model)
     tested_by = {
-        **dict.fromkeys(("enabled", "max_train_batch_size", "micro_batch_sizes"),
+        **dict.fromkeys(("enabled", "max_train_batch_size"),
                         ENGINE + "test_engine_uses_the_elastic_plan"),
-        **dict.fromkeys(("min_gpus", "max_gpus", "prefer_larger_batch"),
-                        COMPUTE + "test_plan_matches_its_definition"),
-        "version": COMPUTE + "test_worked_example_v01",
-        **dict.fromkeys(("model_parallel_size", "num_gpus_per_node"),
-                        COMPUTE + "test_v02_scales_by_nodes_and_trains_off_plan"),
+        **dict.fromkeys(("min_gpus", "max_gpus"), COMPUTE + "test_plan_matches_its_definition"),
+        **dict.fromkeys(("version", "micro_batch_sizes"), COMPUTE + "test_worked_example_v01"),
+        "prefer_larger_batch": COMPUTE + "test_prefer_larger_batch_false_picks_the_smaller_"
+                                         "micro_batch",
+        "model_parallel_size": COMPUTE + "test_model_parallel_size_counts_data_parallel_ranks_"
+                                         "per_node",
+        "num_gpus_per_node": COMPUTE + "test_v02_scales_by_nodes_and_trains_off_plan",
         "ignore_non_elastic_batch_info": ENGINE + "test_batch_keys_next_to_elasticity",
     }
     without_effect = {

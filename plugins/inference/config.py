@@ -186,8 +186,8 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
         "zero": KEY_TESTS + "test_zero_inference_partitions_the_parameters_and_computes_the_same",
         "checkpoint": TESTS + "test_inference_checkpoint.py::test_descriptor_dict_and_deepspeed_"
                           "module_file_single_process",
-        "base_dir": TESTS + "test_inference_checkpoint.py::test_descriptor_dict_and_"
-                            "deepspeed_module_file_single_process",
+        "base_dir": TESTS + "test_inference_checkpoint.py::test_base_dir_resolves_the_"
+                            "descriptors_relative_files",
         "set_empty_params": KEY_TESTS + "test_set_empty_params_takes_every_weight_from_the_"
                                         "checkpoint",
         "save_mp_checkpoint_path": TESTS + "test_inference_checkpoint.py::test_save_mp_checkpoint_"
@@ -195,8 +195,8 @@ class DeepSpeedInferenceConfig(DeepSpeedConfigModel):
         "training_mp_size": TESTS + "test_inference_checkpoint.py::test_megatron_checkpoint_"
                                 "merges_its_tensor_parallel_ranks",
         "injection_policy": KEY_TESTS + "test_injection_policy_names_the_row_parallel_layers",
-        "injection_policy_tuple": TESTS + "test_inference_autotp.py::test_replace_transformer_"
-                                          "layer_tensor_slicing",
+        "injection_policy_tuple": TESTS + "test_inference_autotp.py::test_injection_policy_"
+                                          "tuple_splits_a_block_autotp_cannot_parse",
         "max_out_tokens": TESTS + "test_inference_config.py::test_generate_passthrough_and_max_out_"
                               "tokens",
         "min_out_tokens": KEY_TESTS + "test_min_out_tokens_must_fit_within_max_out_tokens",

@@ -111,3 +111,29 @@ def _loss_scaler():
 
 def test_the_fp16_loss_scaler_is_built_from_its_keys(dist_pool):
     assert dist_pool.run(_loss_scaler, world_size=1) == [(32.0, 7, 3, True, 0.5)]
+
+
+def _reduced_gradient(prescale, predivide):
+    """The averaged gradient of one weight whose per-rank gradient (40000) is representable in
+    fp16 but whose two-rank sum (80000) is not, reduced in fp16."""
+    import deepspeed
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(),
+        config={"train_micro_batch_size_per_gpu": 1, "communication_data_type": "fp16",
+                "prescale_gradients": prescale, "gradient_predivide_factor": predivide,
+                "optimizer": {"type": "SGD", "params": {"lr": 0.0}}})
+    engine.backward(engine(torch.full((1, 1), 40000.0)).sum())
+    grad = model.weight.grad.item()
+    engine.destroy()
+    return grad
+
+
+def test_prescale_gradients_divides_before_the_reduction_so_fp16_sums_stay_in_range(dist_pool):
+    # prescale_gradients with gradient_predivide_factor 2: each rank sends 20000, the sum 40000
+    # fits fp16, and the factor is given back after the reduction: the average is exact
+    assert dist_pool.run(_reduced_gradient, args=(True, 2.0)) == [40000.0, 40000.0]
+    # without the pre-division (or with a factor of 1) the fp16 sum overflows
+    for grad in dist_pool.run(_reduced_gradient, args=(False, 2.0)):
+        assert grad == float("inf")

@@ -40,9 +40,9 @@ class ZenFlowConfig(DeepSpeedConfigModel):
     # what each key does here (see deepspeed.config.model)
     tested_by = {
         "topk_ratio": T + "test_unimportant_columns_move_every_update_interval",
-        "select_strategy": T + "test_unimportant_columns_move_every_update_interval",
-        "select_interval": T + "test_unimportant_columns_move_every_update_interval",
-        "update_interval": T + "test_unimportant_columns_move_every_update_interval",
+        **dict.fromkeys(("select_strategy", "select_interval", "update_interval"),
+                        T + "test_select_interval_counts_epochs_and_update_interval_sets_the_"
+                            "cpu_cadence"),
         "full_warm_up_rounds": T + "test_unimportant_columns_move_every_update_interval",
         "overlap_step": T + "test_overlap_step_lands_one_step_later_and_is_deterministic",
         # resolves select_interval in epochs; its effect is that interval

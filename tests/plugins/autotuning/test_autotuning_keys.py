@@ -162,3 +162,22 @@ def test_plan_pruning_runs_fewer_experiments_for_the_same_best(tmp_path, monkeyp
     assert any("z0_gas1_tmbspg16: the plan predicts" in p["reason"] for p in pruned)
     # plan_keep_ratio: a loose ratio keeps every experiment that fits
     assert sorted(runs["loose"][1]) == sorted(every)
+
+
+def test_tuner_type_chooses_the_order_of_the_experiments(tmp_path, monkeypatch):
+    from deepspeed.autotuning import autotuner as at
+
+    monkeypatch.chdir(tmp_path)
+    orders = {}
+    try:
+        for tuner_type in ("gridsearch", "random"):
+            section = {"tuner_type": tuner_type, "tuner_num_trials": 50,
+                       "tuner_early_stopping": 50, "model_info": {"num_params": 10}}
+            tuner, ran, original = _autotuner(tmp_path, section, lambda micro, _stage: micro)
+            tuner.run_search()
+            orders[tuner_type] = ran
+    finally:
+        at.jobs.run_job = original
+    # the same experiments; "random" draws them in a shuffled (seeded) order
+    assert sorted(orders["random"]) == sorted(orders["gridsearch"])
+    assert orders["random"] != orders["gridsearch"]

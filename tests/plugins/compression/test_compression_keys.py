@@ -153,3 +153,66 @@ def test_activation_range_calibration_and_schedule_offset():
     assert torch.equal(late[0].quantize_input(x), x)
     scheduler.step(5)
     assert not torch.equal(late[0].quantize_input(x), x)
+
+
+def test_pruning_groups_choose_method_ratio_modules_and_offset():
+    # non-default values throughout: row pruning by l1 (a fixed mask, default topk), channel
+    # pruning by topk (learnable scores, default l1), each group's dense_ratio 0.25 (default
+    # 0.5), modules naming one layer (default every layer), offsets above 0
+    from deepspeed.compression.scheduler import compression_scheduler
+
+    from cp_helpers import TinyCNN
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    init_compression(model, section(
+        row_pruning=({"method": "l1", "schedule_offset": 2},
+                     {"rp1": group(["^0$"], dense_ratio=0.25)}),
+        head_pruning=({"num_heads": 4, "schedule_offset": 2},
+                      {"hp1": group(["^2$"], dense_ratio=0.25)}),
+        sparse_pruning=({"method": "l1", "schedule_offset": 1},
+                        {"sp1": group(["^2$"], dense_ratio=0.25)})))
+    assert type(model[4]) is torch.nn.Linear  # no group names it
+    assert set(model[0].plan) == {"row_pruning"}
+    assert set(model[2].plan) == {"head_pruning", "sparse_pruning"}
+    assert not [name for name, _ in model.named_parameters() if "mask_scores" in name
+                and name.startswith("0.")]  # l1: nothing learnable added
+    scheduler = compression_scheduler(model)
+    assert model[0].row_mask() is None and model[2].sparse_mask() is None
+    scheduler.step(1)
+    assert model[2].sparse_mask().sum() == 0.25 * 16 * 8 and model[0].row_mask() is None
+    assert model[2].column_mask() is None
+    scheduler.step(2)
+    assert model[0].row_mask().sum() == 4  # 16 rows x 0.25
+    assert model[2].column_mask().sum() == 4  # 1 of 4 heads of 4 columns
+
+    cnn = TinyCNN()
+    init_compression(cnn, section(channel_pruning=(
+        {"method": "topk", "schedule_offset": 1}, {"cp1": group(["conv1"], dense_ratio=0.25)})))
+    assert type(cnn.conv2) is torch.nn.Conv2d
+    assert "row_mask_scores" in dict(cnn.conv1.named_parameters())  # topk: learnable scores
+    scheduler = compression_scheduler(cnn)
+    assert cnn.conv1.row_mask() is None
+    scheduler.step(1)
+    assert cnn.conv1.row_mask().sum() == 2  # 8 channels x 0.25
+
+
+def _two_bit_weight(in_forward, groups):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    stored = model[0].weight.detach().clone()
+    init_compression(model, section(weight_quantization=(
+        {"quantize_weight_in_forward": in_forward, "quantize_groups": groups},
+        {"wq1": group(["0"], start_bits=2, target_bits=2)})))
+    used, _ = model[0].effective_weight_and_bias()
+    return used.unique().numel(), torch.equal(model[0].weight, stored)
+
+
+def test_quantize_groups_and_quantize_weight_in_forward():
+    # quantize_groups 2: two 2-bit grids (at most 4 values each), so more than 4 values in all;
+    # quantize_weight_in_forward: the stored weight stays full precision, only the forward's
+    # copy is quantized (default false: the stored weight itself is rewritten)
+    values, stored_kept = _two_bit_weight(in_forward=True, groups=2)
+    assert values > 4 and stored_kept
+    assert _two_bit_weight(in_forward=False, groups=1) == (3, False)

@@ -118,6 +118,20 @@ def test_percentile_difficulty(tmp_path):
         assert all(ranks[i] < 4 * percent for i in ids), (t, percent)
 
 
+def test_single_cluster_metric_filters_nothing(tmp_path):
+    # clustering_type "single_cluster": the metric's difficulty is scheduled (and handed to the
+    # post-process function) but does not filter, so samples above the threshold are drawn
+    from deepspeed.data_efficiency import DeepSpeedDataSampler
+
+    analyze(tmp_path)
+    config = metric_config(tmp_path, clustering_type="single_cluster")
+    sampler = DeepSpeedDataSampler(config, 400, micro_batch_size=32, data_parallel_rank=0,
+                                   data_parallel_size=1)
+    ids = next(iter(sampler))
+    assert sampler.current_difficulties()["seqlen"] == linear_threshold(1)
+    assert max(lengths()[i] for i in ids) > linear_threshold(1)
+
+
 def test_bad_index_files(tmp_path):
     from deepspeed.data_efficiency import DeepSpeedDataSampler
 

@@ -88,6 +88,25 @@ def test_v02_scales_by_nodes_and_trains_off_plan():
     assert valid == [14] and batch <= 64 and batch % (micro * 14) == 0
 
 
+def test_prefer_larger_batch_false_picks_the_smaller_micro_batch():
+    # 1680 over 8 GPUs is 210 per GPU, which micro-batches of 2 and 6 divide (4 does not)
+    cfg = _cfg(version=0.1)
+    assert compute_elastic_config(cfg, V, world_size=8)[2] == 6
+    cfg["elasticity"]["prefer_larger_batch"] = False
+    batch, _, micro = compute_elastic_config(cfg, V, world_size=8)
+    assert micro == 2 and (batch // 8) % 6 == 0
+
+
+def test_model_parallel_size_counts_data_parallel_ranks_per_node():
+    # 4 GPUs a node, 2 per model replica: 2 data-parallel ranks a node, so data-parallel
+    # sizes step by 2 (not 4) and 8 GPUs are 4 data-parallel ranks
+    cfg = _cfg(version=0.2, max_train_batch_size=64, micro_batch_sizes=[2, 4], min_gpus=4,
+               max_gpus=16, num_gpus_per_node=4, model_parallel_size=2)
+    batch, valid, micro = compute_elastic_config(cfg, V, world_size=8)
+    assert (batch, valid, micro) == (48, [2, 4, 6, 8], 4)  # 48 = 4 ranks x 3 steps x 4
+    # (with model_parallel_size 1 the same 8 GPUs would be 8 data-parallel ranks: 64, [4, 8, 16])
+
+
 def test_no_valid_batch_size_is_a_clear_error():
     with pytest.raises(ElasticityError, match="no valid batch size"):
         compute_elastic_config(_cfg(max_train_batch_size=7, micro_batch_sizes=[7], min_gpus=2,

@@ -166,3 +166,39 @@ def _replace_transformer_layer_splits_like_autotp():
 def test_replace_transformer_layer_tensor_slicing(dist_pool):
     for diff in dist_pool.run(_replace_transformer_layer_splits_like_autotp, world_size=2):
         assert diff <= 1e-5
+
+
+class _Block(torch.nn.Module):
+    """A block AutoTP has no policy for: only ``injection_policy_tuple`` can split it."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(4, 8)
+        self.back = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return x + self.back(torch.relu(self.up(x)))
+
+
+def _replace_with_a_policy_tuple():
+    from deepspeed.inference.config import DeepSpeedInferenceConfig
+    from deepspeed.module_inject import replace_transformer_layer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(), _Block())
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        reference = model(x)
+    config = DeepSpeedInferenceConfig(dtype=torch.float, tensor_parallel={"tp_size": 2},
+                                      injection_policy_tuple=("back",))
+    replace_transformer_layer(_Block, model, config=config)
+    with torch.no_grad():
+        diff = (model(x) - reference).abs().max().item()
+    return diff, tuple(model[0].up.weight.shape), tuple(model[0].back.weight.shape)
+
+
+def test_injection_policy_tuple_splits_a_block_autotp_cannot_parse(dist_pool):
+    # "back" is row-parallel (its inputs split, outputs summed), "up" column-parallel
+    for diff, up, back in dist_pool.run(_replace_with_a_policy_tuple, world_size=2):
+        assert up == (4, 4) and back == (4, 4)
+        assert diff <= 1e-6

@@ -81,6 +81,25 @@ def test_descriptor_dict_and_deepspeed_module_file_single_process(saved):
     assert diff == 0 and files == 1
 
 
+def test_base_dir_resolves_the_descriptors_relative_files(saved):
+    # a descriptor dict lists part_0.pt / part_1.pt, relative, and names no base_dir of its
+    # own: init_inference(base_dir=...) says where they are
+    import deepspeed
+    from deepspeed.inference.checkpoint import empty_init
+
+    reference, _ = build("llama", seed=7)
+    ids = input_ids()
+    with open(saved["llama"]) as handle:
+        descriptor = json.load(handle)
+    assert "base_dir" not in descriptor and descriptor["checkpoints"] == ["part_0.pt", "part_1.pt"]
+    with empty_init():
+        model, _ = build("llama", seed=123)
+    engine = deepspeed.init_inference(model, dtype=torch.float, checkpoint=descriptor,
+                                      base_dir=saved["dir"])
+    with torch.no_grad():
+        assert torch.equal(engine(ids).logits, reference(ids).logits)
+
+
 def test_missing_files_are_named(saved, tmp_path):
     import deepspeed
 

@@ -249,3 +249,38 @@ def test_checkpoint_holds_the_flushed_state(dist_pool, tmp_path):
             # the model's weights are the masters: the landed background step was published
             torch.testing.assert_close(model_saved[name], master, rtol=0, atol=0, msg=name)
             torch.testing.assert_close(model_loaded[name], master, rtol=0, atol=0, msg=name)
+
+
+def _selections(zenflow, steps):
+    """After each step: the step (counted from warm-up's end) of the latest column selection,
+    and the parameters."""
+    import deepspeed
+    from deepspeed import comm as dist
+
+    model = make_model()
+    engine, optimizer, _, _ = deepspeed.initialize(model=model,
+                                                   model_parameters=param_groups(model),
+                                                   config=_zenflow_config(2, **zenflow))
+    x, y = make_data(steps, 1, dist.get_world_size())
+    selected_at, history = [], [full_params(engine.module)]
+    for step in range(steps):
+        xb, yb = micro_batch(x, y, step, 0, dist.get_rank(), 1, dist.get_world_size())
+        engine.backward(torch.nn.functional.mse_loss(engine(xb), yb))
+        engine.step()
+        selected_at.append(optimizer.selected_at)
+        history.append(full_params(engine.module))
+    engine.destroy()
+    return selected_at, history
+
+
+def test_select_interval_counts_epochs_and_update_interval_sets_the_cpu_cadence(dist_pool):
+    # select_strategy "epoch": select_interval 1 is one epoch of 2 steps, so columns are
+    # re-selected every 2 steps ("step" would re-select every step, "auto" every 4 updates);
+    # update_interval 1: the CPU step lands every step, so every column moves every step
+    zenflow = {"topk_ratio": 0.3, "select_strategy": "epoch", "steps_per_epoch": 2,
+               "select_interval": 1, "update_interval": 1}
+    selected_at, history = dist_pool.run(_selections, world_size=2, args=(zenflow, 6),
+                                         timeout=600)[0]
+    assert selected_at == [0, 0, 2, 2, 4, 4]
+    for cols in _changed_columns(history, "a.weight"):
+        assert all(cols)

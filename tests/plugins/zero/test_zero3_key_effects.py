@@ -61,6 +61,37 @@ def test_offload_param_buffer_size_must_hold_a_shard(tmp_path):
     store.close()
 
 
+def _nvme_param_buffers(path, buffer_size):
+    """The NVMe shard store ``initialize`` builds from ``offload_param``: its buffer size and
+    swap buffer count, or the error when a shard does not fit one buffer."""
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    offload = {"device": "nvme", "nvme_path": path, "max_in_cpu": 0, "buffer_count": 2,
+               "buffer_size": buffer_size}
+    config = {"train_micro_batch_size_per_gpu": MICRO,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                    "offload_param": offload}}
+    try:
+        engine, *_ = deepspeed.initialize(model=model, config=config)
+    except ValueError as err:
+        return str(err)
+    store = engine.module[0].weight.ds_partitioner.shard_store
+    found = (store.buffer_size, store.swapper.buffer_count)
+    engine.destroy()
+    return found
+
+
+def test_offload_param_buffers_come_from_the_config(dist_pool, tmp_path):
+    # one rank: the 16 x 16 weight is a 256-element shard, which a 256-element buffer holds
+    assert dist_pool.run(_nvme_param_buffers, world_size=1, args=(str(tmp_path), 256)) == \
+        [(256, 2)]
+    [error] = dist_pool.run(_nvme_param_buffers, world_size=1, args=(str(tmp_path), 100))
+    assert "offload_param.buffer_size (100)" in error and "at least 256" in error
+
+
 AIO = {"block_size": 8192, "queue_depth": 3, "intra_op_parallelism": 2, "single_submit": True,
        "overlap_events": False}
 
