@@ -168,16 +168,15 @@ def test_tuner_type_chooses_the_order_of_the_experiments(tmp_path, monkeypatch):
     from deepspeed.autotuning import autotuner as at
 
     monkeypatch.chdir(tmp_path)
+    # each _autotuner call stands in for run_job again: monkeypatch restores the real one after
+    monkeypatch.setattr(at.jobs, "run_job", at.jobs.run_job)
     orders = {}
-    try:
-        for tuner_type in ("gridsearch", "random"):
-            section = {"tuner_type": tuner_type, "tuner_num_trials": 50,
-                       "tuner_early_stopping": 50, "model_info": {"num_params": 10}}
-            tuner, ran, original = _autotuner(tmp_path, section, lambda micro, _stage: micro)
-            tuner.run_search()
-            orders[tuner_type] = ran
-    finally:
-        at.jobs.run_job = original
+    for tuner_type in ("gridsearch", "random"):
+        section = {"tuner_type": tuner_type, "tuner_num_trials": 50,
+                   "tuner_early_stopping": 50, "model_info": {"num_params": 10}}
+        tuner, ran, _ = _autotuner(tmp_path, section, lambda micro, _stage: micro)
+        tuner.run_search()
+        orders[tuner_type] = ran
     # the same experiments; "random" draws them in a shuffled (seeded) order
     assert sorted(orders["random"]) == sorted(orders["gridsearch"])
     assert orders["random"] != orders["gridsearch"]
