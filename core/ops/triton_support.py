@@ -60,14 +60,18 @@ def interpreter_problem():
     return None
 
 
+def chosen_backend(backend, env_var):
+    """The caller's choice of backend: ``backend``, else ``$env_var``, else ``auto``."""
+    return backend if backend is not None else os.environ.get(env_var, "auto")
+
+
 def use_triton(tensor, backend, env_var, op):
     """True when ``tensor`` should go through the Triton kernels of ``op``.
 
-    ``backend`` is the caller's choice (None: ``$env_var``, else ``auto``); a forced ``triton``
-    that cannot run here is an error that says why, never a silent fallback.
+    ``backend`` is the caller's choice (``chosen_backend``); a forced ``triton`` that cannot
+    run here is an error that says why, never a silent fallback.
     """
-    if backend is None:
-        backend = os.environ.get(env_var, "auto")
+    backend = chosen_backend(backend, env_var)
     if backend not in BACKENDS:
         raise ValueError(f"{op} backend {backend!r} is not known; allowed: {', '.join(BACKENDS)} "
                          f"(argument backend= or ${env_var})")

@@ -1,4 +1,5 @@
-"""The autotuning space seen through ``deepspeed.plan``: which experiments fit, which are worth running.
+"""The autotuning space seen through ``deepspeed.plan``: which experiments fit, which are worth
+running.
 
 The profiling run measures the model on the real hardware (parameters and their sizes, the
 bytes autograd keeps for one sample, the forward FLOPs of one sample, the memory a rank has);

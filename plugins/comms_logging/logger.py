@@ -5,7 +5,6 @@ It is a comm observer (callable with a `CommRecord`) that also answers
 `deepspeed_comm_op` hook; `deepspeed.comm.configure(enabled=True)` without an engine registers one
 directly. When both paths feed the same logger, the second delivery of a record is ignored.
 """
-
 import deepspeed.comm as dist
 from deepspeed.comm.observers import paused
 from deepspeed.comms_logging.config import CommsLoggerConfig
@@ -13,7 +12,7 @@ from deepspeed.comms_logging.summary import OpStats, format_size, render_table
 from deepspeed.utils.logging import log_dist
 from deepspeed.utils.lazy_module import lazy_module
 
-torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
+torch = lazy_module("torch")  # loaded on first use (the launcher imports this plugin without torch)
 
 
 def verbose_line(record, name) -> str:

@@ -11,7 +11,7 @@ from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.utils.lazy_module import lazy_module
 
-dist = lazy_module("deepspeed.comm")  # loads on first use: the launcher loads this plugin for its flags
+dist = lazy_module("deepspeed.comm")  # loaded on first use (the launcher imports this plugin without torch)
 
 SECTION = "comms_logger"
 

@@ -2,10 +2,10 @@
 ``curriculum_seqlen`` keyword, or truncation of the batch when the model does not take it) and
 progressive layer drop's ``progressive_layer_drop=True, pld_theta=θ`` keywords."""
 import inspect
+
 from deepspeed.utils.lazy_module import lazy_module
 
-torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
-
+torch = lazy_module("torch")  # loaded on first use (the launcher imports this plugin without torch)
 
 
 def accepts_keyword(module, name):

@@ -16,6 +16,7 @@ It owns three config sections (``data_efficiency``, ``curriculum_learning``,
 """
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
+from deepspeed.utils.lazy_module import lazy_module
 from deepspeed.utils.logging import log_dist
 
 from .config import CurriculumLearningLegacyConfig, DataEfficiencyConfig, \
@@ -23,9 +24,8 @@ from .config import CurriculumLearningLegacyConfig, DataEfficiencyConfig, \
 from .curriculum_scheduler import CurriculumScheduler
 from .engine_inputs import accepts_keyword, truncate
 from .progressive_layer_drop import ProgressiveLayerDrop
-from deepspeed.utils.lazy_module import lazy_module
 
-dist = lazy_module("deepspeed.comm")  # loads on first use: the launcher loads this plugin for its flags
+dist = lazy_module("deepspeed.comm")  # loaded on first use (the launcher imports this plugin without torch)
 
 STATE_KEY = "ds_data_efficiency"  # its name in checkpoints (top level of the file before Stateful)
 

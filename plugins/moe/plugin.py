@@ -21,12 +21,11 @@ say everything), and the engine class is not the plugin's to claim (the pipeline
 claim it), so it answers ``deepspeed_enable_for_model`` for a model holding MoE layers.
 ``ep_size == 1`` experts are replicated like dense weights, so everything works for them.
 """
-
 from deepspeed.hooks import hookimpl
 from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.utils.lazy_module import lazy_module
 
-nn = lazy_module("torch.nn")  # loads on first use: the launcher loads this plugin for its flags
+nn = lazy_module("torch.nn")  # loaded on first use (the launcher imports this plugin without torch)
 
 
 def expert_parallel_layers(module):

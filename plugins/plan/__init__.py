@@ -21,8 +21,8 @@ from deepspeed.plan.search import Estimate, estimate, layouts, search
 describe_model = load_model
 
 __all__ = ["Cluster", "cluster", "Collective", "by_name", "per_step", "Layout", "deepspeed_config",
-           "layout_from_config", "MemoryPlan", "memory_per_rank", "ModelSpec", "from_measurements", "from_module",
-           "from_transformers", "load_model", "describe_model", "Estimate", "estimate", "layouts",
+           "layout_from_config", "MemoryPlan", "memory_per_rank", "ModelSpec", "from_measurements",
+           "from_module", "from_transformers", "load_model", "describe_model", "Estimate", "estimate", "layouts",
            "search"]
 
 # the other submodules (cli, measure, plugin) are reachable as attributes, as upstream's are

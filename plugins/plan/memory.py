@@ -69,7 +69,8 @@ def shard_numels(spec: ModelSpec, layout: Layout):
     evenly; the planner does not know which tensor a scheme leaves whole)."""
     split = layout.model_parallel
     if spec.param_numels and sum(spec.param_numels) == spec.total_params:
-        numels = [max(n // split, 1) for n in spec.param_numels] if split > 1 else list(spec.param_numels)
+        numels = ([max(n // split, 1) for n in spec.param_numels] if split > 1
+                  else list(spec.param_numels))
     else:
         numels = [rank_params(spec, layout)]
     return numels
@@ -180,7 +181,8 @@ def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
     if layout.zero_stage in (1, 2) and layout.grad_accum > 1:
         # a bucket's reduced piece lands in a fresh buffer when its gradient partition already
         # holds something: every reduction after the first of an accumulation
-        buffers["receive piece"] = -(-min(layout.reduce_bucket_size, count) // layout.zero_ranks) * gb
+        bucket = min(layout.reduce_bucket_size, count)
+        buffers["receive piece"] = -(-bucket // layout.zero_ranks) * gb
     if layout.zero_stage == 3:  # persistent parameters are never gathered
         gathered = count - persistent_numel(spec, layout)
         if gathered:

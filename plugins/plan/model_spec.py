@@ -21,11 +21,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence, Tuple
 
-
-from deepspeed.zero import model_param_counts
 from deepspeed.utils.lazy_module import lazy_module
+from deepspeed.zero import model_param_counts
 
-torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
+torch = lazy_module("torch")  # loaded on first use (the launcher imports this plugin without torch)
 
 # Preset model shapes (plain config dicts: no hub download). Values are the public
 # architecture hyper-parameters of each model family.

@@ -96,7 +96,8 @@ def estimate(spec: ModelSpec, layout: Layout, cluster: Cluster) -> Estimate:
     update = update_seconds(spec, layout, cluster)
     return Estimate(layout=layout, memory=memory, collectives=dp_comm + mp_comm, compute_s=compute,
                     comm_s=comm,
-                    step_s=compute + bubble + comm + update + cluster.step_overhead_s * layout.grad_accum,
+                    step_s=(compute + bubble + comm + update
+                            + cluster.step_overhead_s * layout.grad_accum),
                     fits=fits(memory, layout, cluster), seq_len=spec.seq_len, update_s=update)
 
 

@@ -12,10 +12,10 @@ representative ("global") blocks: Fixed (Sparse Transformer) and Variable. BigBi
 BSLongformer and the sliding window live in ``sparsity_patterns``.
 """
 import random
+
 from deepspeed.utils.lazy_module import lazy_module
 
-torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
-
+torch = lazy_module("torch")  # loaded on first use (the launcher imports this plugin without torch)
 
 ATTENTION_KINDS = ("unidirectional", "bidirectional")
 

@@ -8,13 +8,12 @@ Global blocks work both ways: their rows attend to every block and every row att
 """
 import random
 
-
 from deepspeed.sparse_attention.sparsity_config import (SparsityConfig, _check_attention,
                                                         _check_global_indices, _check_positive,
                                                         set_random_layout)
 from deepspeed.utils.lazy_module import lazy_module
 
-torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
+torch = lazy_module("torch")  # loaded on first use (the launcher imports this plugin without torch)
 
 
 def _sliding_window(h, layout, window_blocks, causal):

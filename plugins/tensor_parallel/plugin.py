@@ -20,7 +20,8 @@ from deepspeed.plugin_manager import DeepSpeedPlugin
 from deepspeed.tensor_parallel.config import SECTION, TensorParallelTrainingConfig
 from deepspeed.utils.lazy_module import lazy_module
 
-shard = lazy_module("deepspeed.tensor_parallel.shard")  # loads on first use: the launcher loads this plugin for its flags
+# loaded on first use (the launcher imports this plugin without torch)
+shard = lazy_module("deepspeed.tensor_parallel.shard")
 
 
 class TensorParallelPlugin(DeepSpeedPlugin):

@@ -18,7 +18,7 @@ from deepspeed.zero.config import DeepSpeedZeroConfig
 from deepspeed.zero.offload_config import OffloadDeviceEnum
 from deepspeed.utils.lazy_module import lazy_module
 
-torch = lazy_module("torch")  # loads on first use: the launcher loads this plugin for its flags
+torch = lazy_module("torch")  # loaded on first use (the launcher imports this plugin without torch)
 
 CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
 #: top-level keys of ZeRO's optimizer policy, with their defaults when the config omits them

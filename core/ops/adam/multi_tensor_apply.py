@@ -163,14 +163,15 @@ class MultiTensorOptimizer(DeepSpeedOptimizer):
     # The bucketing of a group whose params all have gradients is the same every step, and
     # recomputing it per parameter (dtype checks, device objects, dict lookups) is host time
     # the GPU waits for: on an H200, FusedAdam.step over 200 bf16 tensors took 1.52 ms while
-    # the same kernel fed ready lists (more bytes: fp32 moments) took 0.85 ms. The layout (which positions go to which bucket) is
-    # kept per group and reused while the group holds the same params; gradients and state
-    # tensors are read afresh every step (ZeRO and load_state_dict replace them).
+    # the same kernel fed ready lists (more bytes: fp32 moments) took 0.85 ms. The layout
+    # (which positions go to which bucket) is kept per group and reused while the group holds
+    # the same params; gradients and state tensors are read afresh every step (ZeRO and
+    # load_state_dict replace them).
     def _remember_layout(self, group, grads, buckets):
         if any(g is None for g in grads):
             return  # a partial step: recomputed each time
         live = {id(g) for g in self.param_groups}  # groups rebuilt by a caller are dropped
-        layouts = self.__dict__.setdefault("_layouts", {})
+        layouts = self._layout_cache()
         for stale in [key for key in layouts if key not in live]:
             del layouts[stale]
         position = {id(p): i for i, p in enumerate(group["params"])}
@@ -178,9 +179,13 @@ class MultiTensorOptimizer(DeepSpeedOptimizer):
         layouts[id(group)] = (group["params"], tuple(map(id, group["params"])), layout,
                               [(bucket.params, bucket.params[0].dtype) for bucket in buckets])
 
+    def _layout_cache(self):
+        # not set in __init__: torch's Optimizer pickling and load paths build instances
+        # without it
+        return self.__dict__.setdefault("_layouts", {})
+
     def _reuse_layout(self, group, grads):
-        layouts = self.__dict__.setdefault("_layouts", {})
-        cached = layouts.get(id(group))
+        cached = self._layout_cache().get(id(group))
         if cached is None:
             return None
         params_list, ids, layout, bucket_params = cached

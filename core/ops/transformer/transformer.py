@@ -16,7 +16,6 @@ in Pre-LN, after its residual add in Post-LN), ``inter_w [I, H]``, ``inter_b [I]
 LayerNorm, placed likewise).
 """
 import importlib
-import os
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +23,7 @@ from torch import nn
 
 from deepspeed.ops.transformer import torch_ops
 from deepspeed.ops.transformer.config import DeepSpeedTransformerConfig
-from deepspeed.ops.triton_support import use_triton
+from deepspeed.ops.triton_support import chosen_backend, use_triton
 
 BACKEND_ENV = "DS_TRANSFORMER_BACKEND"
 _WEIGHTS = ("attn_qkvw", "attn_ow", "attn_nw", "inter_w", "output_w", "norm_w")
@@ -96,7 +95,7 @@ class DeepSpeedTransformerLayer(nn.Module):
 
     # ---------------------------------------------------------------------------------------
     def _ops(self, x):
-        backend = self.backend if self.backend is not None else os.environ.get(BACKEND_ENV, "auto")
+        backend = chosen_backend(self.backend, BACKEND_ENV)
         if backend == "auto":  # the measured-faster blocks (see the module doc)
             return torch_ops
         if use_triton(x, backend, BACKEND_ENV, "transformer kernel"):
