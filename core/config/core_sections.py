@@ -61,17 +61,14 @@ class FP16Config(DeepSpeedConfigModel):
 class BF16Config(DeepSpeedConfigModel):
     """`bf16` (old name `bfloat16`): bfloat16 training; same range as fp32, so no loss scaling."""
 
-    tested_by = {"enabled": PRECISION + "test_bf16_trains_close_to_fp32_with_fp32_masters"}
+    tested_by = {"enabled": PRECISION + "test_bf16_trains_close_to_fp32_with_fp32_masters",
+                 "immediate_grad_update": PRECISION + "test_bf16_immediate_grad_update_frees_"
+                                                      "each_grad_during_backward"}
 
     enabled: bool = False
-    immediate_grad_update: bool = False
-
-    without_effect = {
-        "immediate_grad_update":
-            "bf16 gradients reach the accumulation buffer (data_types.grad_accum_dtype) after each "
-            "backward; moving them one parameter at a time during backward, upstream's "
-            "memory/overlap optimisation, is not implemented",
-    }
+    immediate_grad_update: bool = Field(
+        False, description="move each bf16 gradient into the fp32 accumulator (data_types."
+                           "grad_accum_dtype fp32) from a hook as backward produces it")
 
 
 class AmpConfig(DeepSpeedConfigModel):

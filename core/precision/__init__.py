@@ -43,8 +43,9 @@ def precision_for(config, module, optimizer, overflow_group=None):
     scaler = loss_scaler_from_config(config) if config.fp16_enabled else None
     fp32_accumulation = config.grad_accum_dtype == "fp32"
     kind = FP16Optimizer if config.fp16_enabled else BF16Optimizer
+    immediate = config.bfloat16_enabled and config.bfloat16_immediate_grad_update
     wrapped = kind(optimizer, loss_scaler=scaler, fp32_grad_accumulation=fp32_accumulation,
-                   overflow_group=overflow_group, module=module)
+                   overflow_group=overflow_group, module=module, immediate_grad_update=immediate)
     return wrapped, wrapped
 
 from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402
