@@ -170,9 +170,9 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         # ZeRO-3: per partitioner, the in-place refresh of the persistent parameters
         self._refreshers = None
         self.swapper = nvme_swapper(optimizer) if nvme_swapper is not None else None
-        if self.swapper is not None:
-            for chunk in self.offloaded_chunks:
-                self.swapper.swap_out(chunk)
+        if self.swapper is not None:  # fast_init: the first writes are queued together
+            self.swapper.swap_out_all(self.offloaded_chunks,
+                                      wait_each=not zero_config.offload_optimizer.fast_init)
 
     def _group_comms(self, groups, param_groups):
         """Per param group ``(process group, this rank in it, its size, norm weight)``: the

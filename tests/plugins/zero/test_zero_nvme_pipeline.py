@@ -50,3 +50,31 @@ def test_pipeline_read_and_write_overlap_io_with_the_step(dist_pool, tmp_path):
     assert any(busy["writes_while_stepping"])
     for name, value in plain.items():
         assert torch.equal(piped[name], value), name
+
+
+def _initial_writes(path, fast_init):
+    import deepspeed
+
+    model = make_model()
+    offload = {"device": "nvme", "nvme_path": path, "fast_init": fast_init, "buffer_count": 4}
+    engine, zero, _, _ = deepspeed.initialize(
+        model=model, model_parameters=param_groups(model),
+        config=ds_config(2, 1, offload_optimizer=offload, sub_group_size=16))
+    joins, groups = zero.swapper.joins, len(zero.offloaded_chunks)
+    params = train(engine, 1, 1)
+    engine.destroy()
+    return joins, groups, params
+
+
+def test_fast_init_queues_the_initial_writes_together(dist_pool, tmp_path):
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "fast").mkdir()
+    [(slow_joins, groups, slow)] = dist_pool.run(_initial_writes, world_size=1,
+                                                 args=(str(tmp_path / "slow"), False))
+    [(fast_joins, _, fast)] = dist_pool.run(_initial_writes, world_size=1,
+                                            args=(str(tmp_path / "fast"), True))
+    assert groups >= 5
+    assert slow_joins == groups  # each sub-group's first write waited for alone
+    assert fast_joins == -(-groups // 4)  # buffer_count writes in flight per wait
+    for name, value in slow.items():
+        assert torch.equal(fast[name], value), name
