@@ -20,6 +20,7 @@ from typing import Any, Optional, Tuple
 from torch import nn
 
 from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
 from deepspeed.hooks import REPLICATED_PARAM
 from deepspeed.tensor_parallel.auto_tp import AutoTP, policy_from_injection, shard_model
 from deepspeed.tensor_parallel.config import SECTION, TensorParallelTrainingConfig
@@ -95,8 +96,6 @@ def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
         model.to(dtype)  # floating-point tensors only
     if section is None:
         section = TensorParallelTrainingConfig()
-    from deepspeed.accelerator import get_accelerator
-
     split_model(model, unit, section.injection_policy_tuple,
                 shard_device=shard_device(section, get_accelerator().current_device_name()),
                 overlap_comm=section.tp_overlap_comm)
