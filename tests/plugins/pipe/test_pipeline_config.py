@@ -5,7 +5,7 @@ an error naming both."""
 import pytest
 from torch import nn
 
-from pipe_training import BASE_SEED, batches, config, mse, reference_run, specs
+from pipe_training import BASE_SEED, HIDDEN, MICRO, batches, config, mse, reference_run, specs
 
 PIPELINE_SECTION = {"stages": 2, "partition": "type:Tanh", "seed_layers": True,
                     "activation_checkpoint_interval": 1}
@@ -71,3 +71,40 @@ def test_a_module_without_stages_waits_for_the_config():
         module.apply_pipeline_config()
     assert module.apply_pipeline_config(stages=1, seed_layers=True) is True
     assert module.num_stages == 1 and len(list(module.parameters())) == 2
+
+
+# ---------------------------------------------------------------- pipe_partitioned / grad_partitioned
+def _tensor_parallel_stages(data, section):
+    """2 stages x 2 tensor-parallel ranks (replicated layers: every tensor-parallel rank of a
+    stage holds the same activation); what this rank sent across the stage boundary."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.pipe.topology import PipeModelDataParallelTopology
+
+    model = PipelineModule(specs(), topology=PipeModelDataParallelTopology(2, 2, 1),
+                           loss_fn=mse, seed_layers=True, base_seed=BASE_SEED)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(2, "SGD", pipeline=section))
+    losses = [engine.train_batch(iter(batch[0])).item() for batch in data]
+    sent = (engine.stage_id, engine.link.sent_bytes)
+    engine.destroy()
+    return sent, losses
+
+
+def _whole_and_split(data):
+    whole = _tensor_parallel_stages(data, {"pipe_partitioned": False, "grad_partitioned": False})
+    return whole, _tensor_parallel_stages(data, {})  # both default to true
+
+
+def test_partitioned_activations_and_gradients_cross_stages_in_tensor_parallel_shares(dist_pool):
+    data = batches(2, gas=2, dp_world=1)
+    expected, _ = reference_run(data, optimizer="SGD")
+    for whole, split in dist_pool.run(_whole_and_split, world_size=4, args=(data, )):
+        (stage, whole_bytes), whole_losses = whole
+        (_, split_bytes), split_losses = split
+        # stage 0 sends activations only (pipe_partitioned), stage 1 their gradients only
+        # (grad_partitioned): 4 micro-batches of MICRO x HIDDEN fp32 tensors each way
+        assert whole_bytes == 4 * MICRO * HIDDEN * 4, stage
+        assert split_bytes * 2 == whole_bytes, stage  # each tensor-parallel rank sent half
+        assert whole_losses == pytest.approx(expected, rel=1e-5)
+        assert split_losses == pytest.approx(whole_losses, rel=1e-6)
