@@ -1,10 +1,9 @@
 """Eigenvalue MoQ (``quantize_training.eigenvalue``): the power iteration against a dense
 Hessian and its stopping keys, and through the engine the layers it names getting periods
 stretched by their sensitivity."""
-import logging
-
 import pytest
 import torch
+from cp_helpers import logged_lines
 
 from deepspeed.compression.config import EigenvalueConfig
 
@@ -108,17 +107,10 @@ class _Net(torch.nn.Module):
 
 def _eigen_moq(steps):
     import deepspeed
-    from deepspeed.utils.logging import logger
 
     torch.manual_seed(0)
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
     model = _Net()
-    try:
+    with logged_lines() as lines:
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(),
             config={"train_micro_batch_size_per_gpu": 4,
@@ -135,9 +127,6 @@ def _eigen_moq(steps):
         periods = {name: s.period for name, s in quantizer.layers.items()}
         result = (quantizer.plain.period, periods, dict(quantizer.factors))
         engine.destroy()
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     return result, [line for line in lines if "MoQ eigenvalues" in line]
 
 
