@@ -25,7 +25,8 @@ from deepspeed.gradient_averaging import (communication_dtype, reduce_sparse_gra
                                           scale_after_reduce, scale_before_reduce)
 from deepspeed.hooks import (GRADIENT_GROUP, NOT_SHARDED, STEP_TIMERS, PrecisionPolicy,
                              check_implements)
-from deepspeed.precision import check_precision_supported, precision_for, training_dtype
+from deepspeed.precision import (MixedPrecisionOptimizer, check_precision_supported,
+                                 precision_for, training_dtype)
 from deepspeed.utils.logging import log_dist, logger
 from deepspeed.utils.reports import print_configuration, see_memory_usage
 from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer
@@ -158,6 +159,8 @@ class DeepSpeedEngine(torch.nn.Module):
         """Finish a background checkpoint write and detach this engine from process-wide
         services (comm observers, and what plugins attached: ``deepspeed_engine_destroy``)."""
         self.checkpoint_engine.wait()
+        if isinstance(self.precision, MixedPrecisionOptimizer):  # its gradient hooks
+            self.precision.destroy()
         self.hook.deepspeed_engine_destroy(engine=self)
         self._detach_process_wide()
 

@@ -35,6 +35,10 @@ class FP16Config(DeepSpeedConfigModel):
         **dict.fromkeys(("initial_scale_power", "loss_scale_window", "hysteresis",
                          "consecutive_hysteresis", "min_loss_scale"),
                         KEYS + "test_the_fp16_loss_scaler_is_built_from_its_keys"),
+        # ZeRO-Offload's (the zero plugin keeps its masters in fp16; refused elsewhere)
+        "fp16_master_weights_and_grads": "tests/plugins/zero/test_zero_fp16_masters.py::"
+                                         "test_fp16_masters_halve_the_offloaded_bytes_and_train_"
+                                         "alike",
     }
 
     enabled: bool = False
@@ -45,13 +49,8 @@ class FP16Config(DeepSpeedConfigModel):
     hysteresis: int = Field(2, ge=1)
     consecutive_hysteresis: bool = False
     min_loss_scale: float = Field(1.0, gt=0)
-    fp16_master_weights_and_grads: bool = False
-
-    without_effect = {
-        "fp16_master_weights_and_grads":
-            "the optimizer always steps fp32 master weights with fp32 gradients; keeping them in "
-            "fp16 (upstream's ZeRO-Offload memory saving) is not implemented",
-    }
+    fp16_master_weights_and_grads: bool = Field(
+        False, description="fp16 masters and gradients (ZeRO stage 2 with CPU optimizer offload)")
 
     @property
     def dynamic_loss_scale(self) -> bool:
@@ -61,17 +60,14 @@ class FP16Config(DeepSpeedConfigModel):
 class BF16Config(DeepSpeedConfigModel):
     """`bf16` (old name `bfloat16`): bfloat16 training; same range as fp32, so no loss scaling."""
 
-    tested_by = {"enabled": PRECISION + "test_bf16_trains_close_to_fp32_with_fp32_masters"}
+    tested_by = {"enabled": PRECISION + "test_bf16_trains_close_to_fp32_with_fp32_masters",
+                 "immediate_grad_update": PRECISION + "test_bf16_immediate_grad_update_frees_"
+                                                      "each_grad_during_backward"}
 
     enabled: bool = False
-    immediate_grad_update: bool = False
-
-    without_effect = {
-        "immediate_grad_update":
-            "bf16 gradients reach the accumulation buffer (data_types.grad_accum_dtype) after each "
-            "backward; moving them one parameter at a time during backward, upstream's "
-            "memory/overlap optimisation, is not implemented",
-    }
+    immediate_grad_update: bool = Field(
+        False, description="move each bf16 gradient into the fp32 accumulator (data_types."
+                           "grad_accum_dtype fp32) from a hook as backward produces it")
 
 
 class AmpConfig(DeepSpeedConfigModel):

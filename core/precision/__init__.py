@@ -38,13 +38,20 @@ def precision_for(config, module, optimizer, overflow_group=None):
 
     Returns ``(policy, optimizer to expose)``.
     """
+    if optimizer is not None and config.fp16_master_weights_and_grads:
+        raise ValueError(
+            "fp16.fp16_master_weights_and_grads: true keeps the optimizer's master weights and "
+            "gradients in fp16, which only ZeRO-Offload does (ZeRO stage 2 with the optimizer "
+            "offloaded to the CPU and DeepSpeedCPUAdam); this run keeps fp32 masters, so "
+            "enable that or remove the key")
     if optimizer is None or not (config.fp16_enabled or config.bfloat16_enabled):
         return FullPrecision(module, optimizer), optimizer
     scaler = loss_scaler_from_config(config) if config.fp16_enabled else None
     fp32_accumulation = config.grad_accum_dtype == "fp32"
     kind = FP16Optimizer if config.fp16_enabled else BF16Optimizer
+    immediate = config.bfloat16_enabled and config.bfloat16_immediate_grad_update
     wrapped = kind(optimizer, loss_scaler=scaler, fp32_grad_accumulation=fp32_accumulation,
-                   overflow_group=overflow_group, module=module)
+                   overflow_group=overflow_group, module=module, immediate_grad_update=immediate)
     return wrapped, wrapped
 
 from deepspeed.utils.lazy_exports import lazy_exports  # noqa: E402

@@ -162,7 +162,7 @@ class MixedPrecisionOptimizer(OptimizerFace):
     """
 
     def __init__(self, optimizer, loss_scaler=None, fp32_grad_accumulation=False,
-                 overflow_group=None, module=None):
+                 overflow_group=None, module=None, immediate_grad_update=False):
         self.optimizer = optimizer
         # parameters the optimizer does not own (frozen, or left out of ``model_parameters``)
         # still receive gradients: zero_grad clears those too, or they accumulate forever
@@ -183,6 +183,21 @@ class MixedPrecisionOptimizer(OptimizerFace):
                 masters.append(master)
             group["params"] = masters
         self._model_of = {id(master): param for param, master in self._pairs}
+        # bf16.immediate_grad_update: each 16-bit gradient moves into its fp32 master's
+        # accumulator from a hook as soon as backward produces it, so it is freed at once
+        # instead of every parameter's staying alive until backward ends
+        self._grad_hooks = []
+        if immediate_grad_update:
+            if not fp32_grad_accumulation:
+                raise ValueError(
+                    "bf16.immediate_grad_update moves each bf16 gradient into the fp32 "
+                    "accumulation buffer as backward produces it, but gradients accumulate in "
+                    "bf16 here; set data_types.grad_accum_dtype to \"fp32\" or leave "
+                    "immediate_grad_update false")
+            for param, master in self._pairs:
+                if param.requires_grad:
+                    self._grad_hooks.append(param.register_post_accumulate_grad_hook(
+                        _GradMover(master)))
 
     def step(self, closure=None):
         """Step the masters and refresh the model; the engine calls ``unscale_grads`` first."""
@@ -224,17 +239,18 @@ class MixedPrecisionOptimizer(OptimizerFace):
         return loss.float() * self.cur_scale if self.loss_scaler is not None else loss
 
     def accumulate_micro_grads(self):
-        """With fp32 accumulation, move each micro-batch's 16-bit gradient into the master."""
+        """With fp32 accumulation, move each micro-batch's 16-bit gradient into the master
+        (with ``immediate_grad_update`` the hooks already did, and ``param.grad`` is None)."""
         if not self.fp32_grad_accumulation:
             return
         for param, master in self._pairs:
-            if param.grad is None:
-                continue
-            if master.grad is None:
-                master.grad = param.grad.float()
-            else:
-                master.grad.add_(param.grad)
-            param.grad = None
+            _move_grad(param, master)
+
+    def destroy(self):
+        """Remove the gradient hooks this policy put on the model's parameters."""
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
 
     def reduction_grads(self):
         if self.fp32_grad_accumulation:
@@ -292,6 +308,29 @@ class MixedPrecisionOptimizer(OptimizerFace):
             master.grad = None
         for param in self._module_params:
             param.grad = None
+
+
+def _move_grad(param, master):
+    """Add ``param``'s 16-bit gradient to ``master``'s fp32 one and free it."""
+    if param.grad is None:
+        return
+    if master.grad is None:
+        master.grad = param.grad.float()
+    else:
+        master.grad.add_(param.grad)
+    param.grad = None
+
+
+class _GradMover:
+    """The post-accumulate-grad hook of ``immediate_grad_update`` (a class, so the hook holds
+    its master and nothing else)."""
+
+    def __init__(self, master):
+        self.master = master
+
+    def __call__(self, param):
+        with torch.no_grad():
+            _move_grad(param, self.master)
 
 
 class FP16Optimizer(MixedPrecisionOptimizer):

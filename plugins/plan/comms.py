@@ -32,7 +32,7 @@ class Collective:
     """One kind of collective over one group: ``{logged size in bytes: calls}``, the comms
     logger's own shape."""
     name: str
-    group: str  # "data", "tensor", "pipe", "expert", "sequence"
+    group: str  # "data", "tensor", "pipe", "expert", "expert_data", "sequence"
     group_size: int
     sizes: Counter = field(default_factory=Counter)
 
@@ -82,7 +82,11 @@ def data_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
     numels = shard_numels(spec, layout)
     stage = layout.zero_stage
     if stage == 0:
-        return [Collective("all_reduce", "data", n).add(sum(numels) * gb)]
+        experts = expert_numel(spec, layout)
+        found = [Collective("all_reduce", "data", n).add((sum(numels) - experts) * gb)]
+        if experts:  # summed over the ranks holding the same experts (logged at size 1 too)
+            found.append(Collective("all_reduce", "expert_data", n // layout.ep).add(experts * gb))
+        return found
     if stage in (1, 2):
         reduce = Collective("reduce_scatter_tensor", "data", n)
         gather = Collective("all_gather_into_tensor", "data", n)
@@ -98,7 +102,10 @@ def data_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
                 gather.add(per_rank * wb, whole)
                 if rest:
                     gather.add(rest * wb)
-        return [reduce, gather]
+        found = [reduce, gather]
+        if layout.precision == "fp16":  # the ranks agree on an overflow: one fp32 flag, MAX
+            found.append(Collective("all_reduce", "data", layout.world_size).add(4))
+        return found
     shards = [-(-max(numel, 1) // n) for numel in numels]
     gather = Collective("all_gather_into_tensor", "data", n)
     persistent = [s for s, numel in zip(shards, numels) if numel < layout.param_persistence_threshold]
@@ -113,6 +120,24 @@ def data_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
     for run in _pack([s * n for s in reversed(shards)], max(layout.reduce_bucket_size, 1)):
         reduce.add(sum(run) // n * gb)
     return [c for c in (gather, reduce) if c.sizes]
+
+
+def expert_numel(spec: ModelSpec, layout: Layout) -> int:
+    """Expert elements on one rank when experts are split over ranks (their gradients are
+    reduced apart from the dense ones, over the expert-data-parallel group); 0 otherwise."""
+    if layout.ep == 1 or not spec.expert_params:
+        return 0
+    return spec.expert_params // (layout.model_parallel * layout.ep)
+
+
+def expert_slots(spec: ModelSpec, tokens: int) -> int:
+    """Slots the gate gives all experts of a layer for ``tokens`` tokens: ``capacity`` each,
+    ``max(ceil(tokens / experts * k * capacity_factor), min_capacity)`` (top-2 doubles the
+    factor), whatever number of tokens was routed (the empty slots travel too)."""
+    from deepspeed.moe.gating import capacity
+
+    factor = spec.capacity_factor * spec.experts_per_token
+    return spec.num_experts * capacity(tokens, spec.num_experts, factor, spec.min_capacity)
 
 
 def model_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
@@ -139,8 +164,13 @@ def model_parallel(spec: ModelSpec, layout: Layout) -> List[Collective]:
         if layout.dp > 1:
             found.append(Collective("all_reduce", "data", layout.dp).add(4))
     if layout.ep > 1 and spec.num_experts > 1:
-        routed = hidden * spec.experts_per_token // layout.tp
-        found.append(Collective("all_to_all_single", "expert", layout.ep).add(routed, 4 * layers * micro))
+        # dispatch and combine, forward and backward: every slot of every expert, each rank
+        # sending each other rank its experts' share (with tensor parallelism each TP rank
+        # sends its 1/tp of the slots)
+        slots = expert_slots(spec, tokens) * spec.hidden_size * act_bytes // layout.tp
+        moe_layers = max(spec.expert_layers // layout.pp, 1)
+        found.append(Collective("all_to_all_single", "expert", layout.ep)
+                     .add(slots, 4 * moe_layers * micro))
     if layout.sp > 1:
         found.append(Collective("all_to_all_single", "sequence", layout.sp)
                      .add(hidden // layout.tp, 8 * layers * micro))
@@ -174,6 +204,7 @@ def _spans_nodes(layout: Layout, cluster: Cluster, group: str) -> bool:
     stride_size = {"tensor": (1, layout.tp), "sequence": (layout.tp, layout.sp),
                    "data": (layout.tp, layout.sp * layout.dp),
                    "expert": (layout.tp * layout.sp, layout.ep),
+                   "expert_data": (layout.tp * layout.sp * layout.ep, layout.dp // layout.ep),
                    "pipe": (layout.tp * layout.sp * layout.dp, layout.pp)}[group]
     stride, size = stride_size
     return stride * size > cluster.gpus_per_node

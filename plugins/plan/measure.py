@@ -45,12 +45,21 @@ def _train_step(engine, batch_fn):
         engine.step()
 
 
+def with_peak(run):
+    """``(run()'s result, peak tracked tensor bytes while it ran)``. Garbage is collected
+    first: an earlier run's garbage freed inside this profile would lower its level."""
+    from deepspeed.testing.memory import peak_bytes
+
+    gc.collect()
+    peak, result = peak_bytes(run)
+    return result, peak
+
+
 def measure_run(build, config, batch_fn, steps=2):
     """Build the model (``build()``) and an engine from ``config`` (the comms logger switched
     on), train ``steps`` optimizer steps; return ``({collective: {message size: calls}} of
     the last step, peak tracked tensor bytes of the whole run, model construction included)``."""
     import deepspeed
-    from deepspeed.testing.memory import peak_bytes
 
     config = dict(config, comms_logger={"enabled": True, "prof_all": True})
 
@@ -68,9 +77,7 @@ def measure_run(build, config, batch_fn, steps=2):
             engine.destroy()
         return calls_between(after, before)
 
-    gc.collect()  # an earlier run's garbage freed inside this profile would lower its level
-    peak, step = peak_bytes(run)
-    return step, peak
+    return with_peak(run)
 
 
 def random_batch(shape, dtype=torch.float32):
@@ -91,11 +98,21 @@ VALIDATION_CASES = {
     "stage2 small buckets": {"stage": 2, "reduce_bucket_size": 70000, "allgather_bucket_size": 50000},
     "stage3 gathered": {"stage": 3, "stage3_param_persistence_threshold": 300,
                         "reduce_bucket_size": 70000},
+    # the optimizer on the host (here the same memory: the peak is the sum of both) and the
+    # mixed-precision runs; "precision" is the case's top-level bf16/fp16 section, not a ZeRO key
+    "stage2 offload cpu": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    "stage2 bf16": {"stage": 2, "precision": "bf16"},
+    "stage1 fp16": {"stage": 1, "precision": "fp16"},
 }
 # the cases whose peak is compared too (each run ``memory_runs`` times): every ZeRO stage with
 # default buckets (at stage 3 every parameter of this model is below the persistence threshold,
 # so all stay whole), and stage 3 with its weights gathered
-MEMORY_CASES = ("stage0", "stage1", "stage2", "stage3", "stage3 gathered")
+MEMORY_CASES = ("stage0", "stage1", "stage2", "stage3", "stage3 gathered", "stage2 offload cpu",
+                "stage2 bf16", "stage1 fp16")
+
+
+# the engine casts the model, not its inputs: a mixed-precision case feeds its own dtype
+INPUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def validation_model():
@@ -106,9 +123,15 @@ def validation_model():
     return torch.nn.Sequential(*layers, torch.nn.Linear(VALIDATION_WIDTH, 16))
 
 
-def validation_config(zero):
-    return {"train_micro_batch_size_per_gpu": VALIDATION_BATCH,
-            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "zero_optimization": zero}
+def validation_config(case):
+    """The DeepSpeed config of one validation case (its ZeRO section, and its precision)."""
+    zero = dict(case)
+    precision = zero.pop("precision", "fp32")
+    config = {"train_micro_batch_size_per_gpu": VALIDATION_BATCH,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "zero_optimization": zero}
+    if precision != "fp32":
+        config[precision] = {"enabled": True}
+    return config
 
 
 def measure_validation_set(memory_runs=5):
@@ -120,7 +143,8 @@ def measure_validation_set(memory_runs=5):
     for name, zero in VALIDATION_CASES.items():
         runs = memory_runs if name in MEMORY_CASES else 1
         results = [measure_run(validation_model, validation_config(zero),
-                               random_batch((VALIDATION_BATCH, VALIDATION_WIDTH)))
+                               random_batch((VALIDATION_BATCH, VALIDATION_WIDTH),
+                                            INPUT_DTYPES[zero.get("precision", "fp32")]))
                    for _ in range(runs)]
         found[name] = (results[0][0], [peak for _, peak in results])
     return found

@@ -41,6 +41,12 @@ class MemoryPlan:
     nvme: int = 0
     estimator_model_states: int = None  # the documented estimator's figure, where it applies
     step_transient: int = 0  # what the optimizer step allocates above the resting state
+    # whether the buffers are held while backward still keeps activations (False: the gradient
+    # reduction runs once, after backward has freed them)
+    buffers_during_backward: bool = True
+    # a parameter's fresh gradient before autograd adds it to the one accumulated so far
+    accumulation_transient: int = 0
+    host_step_transient: int = 0  # the same on the host, for an offloaded optimizer
 
     @property
     def model_states(self) -> int:
@@ -49,12 +55,35 @@ class MemoryPlan:
         return self.params + self.grads + self.optimizer
 
     @property
+    def backward_peak(self) -> int:
+        buffers = sum(self.buffers.values())
+        during = self.activations + self.accumulation_transient
+        if self.buffers_during_backward:
+            return self.model_states + during + buffers
+        return self.model_states + max(during, buffers)
+
+    @property
     def peak(self) -> int:
-        """The larger of the backward peak (everything held at once) and the step's."""
-        backward = self.model_states + self.activations + sum(self.buffers.values())
-        whole_grads_kept = self.step_transient == 0
-        step = self.model_states - (0 if whole_grads_kept else self.grads) + self.step_transient
-        return max(backward, step)
+        """The larger of the backward peak and the step's."""
+        return max(self.backward_peak, self._step_peak(self.step_transient))
+
+    def _step_peak(self, transient):
+        """The step's level: parameters, optimizer state, the step's own tensors and, where
+        the step allocates none (no ZeRO), the whole gradients. ZeRO frees the whole
+        gradients before its step (measured: bf16 and fp16 runs rest at their 16-bit weights
+        and the fp32 partition, no 16-bit gradient), so the mixed-precision estimators'
+        figure, which counts them, is the backward's, not the step's."""
+        if transient == 0:
+            return self.model_states
+        return self.params + self.optimizer + transient
+
+    @property
+    def unified_peak(self) -> int:
+        """The peak where the host and the accelerator are one memory (a CPU run, which is
+        what this machine measures): the accelerator's backward peak on top of the host's
+        resting share, or the step, with an offloaded optimizer's step on the host."""
+        step = self._step_peak(self.step_transient + self.host_step_transient)
+        return max(self.backward_peak, step) + self.host
 
 
 def rank_params(spec: ModelSpec, layout: Layout) -> int:
@@ -66,14 +95,29 @@ def rank_params(spec: ModelSpec, layout: Layout) -> int:
 
 def shard_numels(spec: ModelSpec, layout: Layout):
     """This rank's share of each parameter before ZeRO (model parallelism splits each
-    evenly; the planner does not know which tensor a scheme leaves whole)."""
+    evenly; the planner does not know which tensor a scheme leaves whole). Expert
+    parallelism keeps ``1/ep`` of the expert weights: with ``spec.expert_mask`` the first
+    ``1/ep`` of the expert sizes (every expert of a layer has the same shapes; their order
+    only matters to ZeRO's buckets, which keep experts apart anyway), without it the
+    rank's total as one entry."""
     split = layout.model_parallel
-    if spec.param_numels and sum(spec.param_numels) == spec.total_params:
-        numels = ([max(n // split, 1) for n in spec.param_numels] if split > 1
-                  else list(spec.param_numels))
-    else:
-        numels = [rank_params(spec, layout)]
+    experts_split = layout.ep > 1 and spec.expert_params
+    known = spec.param_numels and sum(spec.param_numels) == spec.total_params
+    if not known or (experts_split and len(spec.expert_mask) != len(spec.param_numels)):
+        return [rank_params(spec, layout)]
+    numels = list(spec.param_numels)
+    if split > 1:
+        numels = [max(n // split, 1) for n in numels]
+    if experts_split:
+        dense, experts = split_experts(spec, numels)
+        numels = dense + experts[:len(experts) // layout.ep]
     return numels
+
+
+def split_experts(spec: ModelSpec, numels):
+    """``(dense, expert)`` sizes out of ``numels`` (aligned with ``spec.param_numels``)."""
+    mask = spec.expert_mask or (False,) * len(numels)
+    return ([n for n, e in zip(numels, mask) if not e], [n for n, e in zip(numels, mask) if e])
 
 
 def persistent_numel(spec: ModelSpec, layout: Layout) -> int:
@@ -154,6 +198,7 @@ def activations(spec: ModelSpec, layout: Layout) -> int:
     the whole figure is divided: slightly optimistic for ``tp > 1``). A pipeline stage holds
     ``1/pp`` of the layers but up to ``pp`` micro-batches at once (1F1B's warm-up). With
     activation checkpointing a layer keeps only its input, plus one layer recomputed whole.
+    Saved tensors scale with the run's precision (the trace's dtype is the spec's).
     """
     split = layout.tp * layout.sp
     per_sample = spec.activation_bytes // split
@@ -164,7 +209,9 @@ def activations(spec: ModelSpec, layout: Layout) -> int:
     else:
         per_sample = per_sample // layout.pp
     in_flight = min(layout.pp, layout.grad_accum) if layout.pp > 1 else 1
-    return per_sample * layout.micro_batch * in_flight
+    # traced in the model's dtype (a transformers config is traced in bf16), kept in the run's
+    run_bytes = BYTES_PER_PARAM[layout.precision][0]
+    return per_sample * layout.micro_batch * in_flight * run_bytes // spec.act_dtype_bytes
 
 
 def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
@@ -190,27 +237,57 @@ def engine_buffers(spec: ModelSpec, layout: Layout) -> Dict[str, int]:
     return buffers
 
 
+def accumulation_transient(spec: ModelSpec, layout: Layout) -> int:
+    """A backward that accumulates into whole gradients (several micro-batches per step
+    without ZeRO-2/3, which move each gradient out as it is produced) holds one parameter's
+    fresh gradient beside its accumulated one until autograd adds them: the largest
+    parameter's gradient at worst (measured on the two-stage pipeline, three micro-batches)."""
+    if layout.grad_accum == 1 or layout.zero_stage >= 2:
+        return 0
+    largest = max(spec.param_numels, default=spec.largest_layer_params) // layout.tp
+    return largest * BYTES_PER_PARAM[layout.precision][1]  # a pipeline splits no tensor
+
+
+def reduces_after_backward(spec: ModelSpec, layout: Layout) -> bool:
+    """Whether the gradient reduction runs once, after backward has freed the activations:
+    stage 0's flat all-reduce at the accumulation boundary, and a ZeRO-1/2 reduce bucket that
+    holds the whole model (measured: the peak of such runs is the model states and the
+    reduction's buffer, with no activation on top). Smaller buckets reduce while backward
+    runs, and ZeRO-3 gathers during it."""
+    if layout.zero_stage == 0:
+        return True
+    return layout.zero_stage in (1, 2) and layout.reduce_bucket_size >= rank_params(spec, layout)
+
+
 def step_transient(spec: ModelSpec, layout: Layout) -> int:
     """What an optimizer step allocates above the resting state (measured,
-    ``docs/dev/benchmarks.md``). ZeRO-1/2: the unscaled gradient partition, the step's
-    temporaries and the all-gather's copy of the updated piece (three partition-sized fp32
-    tensors). ZeRO-3: one partition-sized fp32 tensor, and the refresh of the persistent
-    parameters (one all-gather: its output and the send buffer with its staging copy, two
-    whole copies of them)."""
-    if layout.zero_stage == 0 or layout.zero_ranks == 1 or layout.offload_optimizer != "none":
+    ``docs/dev/benchmarks.md``). ZeRO-1/2, per element of the partition: the unscaled fp32
+    gradient partition and the step's fp32 temporaries (4 + 4 bytes), the all-gather's copy
+    of the updated piece in the weights' dtype, and with fp16 the overflow check's
+    temporaries (4 more: fp32 runs step 12 bytes, bf16 10, fp16 14). ZeRO-3: one
+    partition-sized fp32 tensor, and the refresh of the persistent parameters (one
+    all-gather: its output and the send buffer with its staging copy, two whole copies of
+    them)."""
+    if layout.zero_stage == 0 or layout.zero_ranks == 1:
         return 0
-    partition = -(-rank_params(spec, layout) // layout.zero_ranks) * 4
-    if layout.zero_stage in (1, 2):
-        return 3 * partition
+    elements = -(-rank_params(spec, layout) // layout.zero_ranks)
     wb = BYTES_PER_PARAM[layout.precision][0]
-    return partition + 2 * persistent_numel(spec, layout) * wb
+    if layout.zero_stage in (1, 2):
+        return elements * (4 + 4 + wb + (4 if layout.precision == "fp16" else 0))
+    return elements * 4 + 2 * persistent_numel(spec, layout) * wb
 
 
 def memory_per_rank(spec: ModelSpec, layout: Layout, cluster: Cluster) -> MemoryPlan:
     plan = model_states(spec, layout, cluster)
     plan.activations = activations(spec, layout)
     plan.buffers = engine_buffers(spec, layout)
-    plan.step_transient = step_transient(spec, layout)
+    plan.buffers_during_backward = not reduces_after_backward(spec, layout)
+    plan.accumulation_transient = accumulation_transient(spec, layout)
+    transient = step_transient(spec, layout)
+    if layout.offload_optimizer == "none":
+        plan.step_transient = transient
+    else:  # the step runs where the optimizer state is (measured: the same three partitions)
+        plan.host_step_transient = transient
     return plan
 
 

@@ -79,6 +79,19 @@ class ModelSpec:
     experts_per_token: int = 1
     expert_params: int = 0  # parameters inside experts, all experts of all layers
     act_dtype_bytes: int = 4
+    # which of ``param_numels`` are expert weights (split over expert-parallel ranks); empty:
+    # unknown (only the ``expert_params`` total is)
+    expert_mask: Tuple[bool, ...] = field(repr=False, default=())
+    moe_layers: int = 0  # layers with experts; 0 with ``num_experts > 1``: every layer
+    # the gate's slots per expert: max(ceil(tokens * k / experts * factor), min_capacity)
+    capacity_factor: float = 1.0
+    min_capacity: int = 4
+
+    @property
+    def expert_layers(self) -> int:
+        if self.num_experts <= 1:
+            return 0
+        return self.moe_layers or self.num_layers
 
     @property
     def layer_activation_bytes(self) -> int:
@@ -153,6 +166,7 @@ def from_module(module: torch.nn.Module, inputs: Sequence[torch.Tensor], name: s
     """
     total, largest = model_param_counts(module)
     numels = tuple(p.numel() for p in module.parameters() if p.requires_grad)
+    moe = moe_facts(module)
     act, flops = trace_forward(module, inputs, loss_fn)
     names = [n for n, _ in module.named_parameters()]
     layers = num_layers or len({m.group(1) for n in names for m in [LAYER_NAME.search("." + n)] if m}) or 1
@@ -163,7 +177,29 @@ def from_module(module: torch.nn.Module, inputs: Sequence[torch.Tensor], name: s
     return ModelSpec(name=name, total_params=total, largest_layer_params=largest, num_layers=layers,
                      hidden_size=hidden, seq_len=seq, activation_bytes=act,
                      layer_input_bytes=_layer_input_bytes(hidden, seq, dtype_bytes),
-                     flops_per_sample=flops, param_numels=numels, act_dtype_bytes=dtype_bytes)
+                     flops_per_sample=flops, param_numels=numels, act_dtype_bytes=dtype_bytes,
+                     **moe)
+
+
+def moe_facts(module: torch.nn.Module) -> dict:
+    """The ``ModelSpec`` fields of the ``deepspeed.moe.layer.MoE`` layers in ``module`` (none
+    when it has none): experts per layer, top-k, the gate's capacity, which parameters are
+    experts. Build the module with ``ep_size=1`` for planning: every expert is then present,
+    the layer runs no collective, and the planner divides the experts by the layout's ``ep``."""
+    from deepspeed.moe.layer import MoE
+
+    layers = [m for m in module.modules() if isinstance(m, MoE)]
+    if not layers:
+        return {}
+    first = layers[0]
+    gate = first.deepspeed_moe.gate
+    experts = {id(p) for layer in layers for p in layer.deepspeed_moe.experts.parameters()}
+    mask = tuple(id(p) in experts for p in module.parameters() if p.requires_grad)
+    return dict(num_experts=first.num_experts, experts_per_token=first.k, moe_layers=len(layers),
+                capacity_factor=gate.capacity_factor, min_capacity=gate.min_capacity,
+                expert_mask=mask,
+                expert_params=sum(p.numel() for p in module.parameters()
+                                  if id(p) in experts and p.requires_grad))
 
 
 def from_function(target: str, **kwargs) -> ModelSpec:
@@ -244,9 +280,12 @@ def from_transformers(name_or_dict, seq_len: int = 2048) -> ModelSpec:
         (layer if match else (after if layer else before)).append(param.numel())
     numels = tuple(before + layer * layers + after)
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 1
-    expert_params = 0
+    expert_params, mask = 0, ()
     if experts > 1:
         expert_params = sum(p.numel() for n, p in m1.named_parameters() if ".experts." in n) * layers
+        in_layer = [".experts." in n for n, _ in m1.named_parameters()
+                    if LAYER_NAME.search("." + n)]
+        mask = (False,) * len(before) + tuple(in_layer) * layers + (False,) * len(after)
     name = name_or_dict if isinstance(name_or_dict, str) else config.model_type
     return ModelSpec(name=name, total_params=extrapolate(t1, t2), largest_layer_params=max(l1, l2),
                      num_layers=layers, hidden_size=config.hidden_size, seq_len=seq_len,
@@ -256,7 +295,7 @@ def from_transformers(name_or_dict, seq_len: int = 2048) -> ModelSpec:
                      vocab_size=config.vocab_size, num_heads=config.num_attention_heads,
                      num_experts=experts,
                      experts_per_token=getattr(config, "num_experts_per_tok", 1) or 1,
-                     expert_params=expert_params, act_dtype_bytes=2)
+                     expert_params=expert_params, expert_mask=mask, act_dtype_bytes=2)
 
 
 def from_measurements(num_params: int, activation_bytes_per_sample: int, flops_per_sample: int,

@@ -7,8 +7,10 @@ parallelism); it must divide the world size, and the other factor is the data-pa
 Transformers reads the same key to call ``deepspeed.tp_model_init`` and to size its data
 loaders. The other keys are upstream's: ``injection_policy_tuple`` names the Linear layers
 that write into the residual stream when AutoTP cannot find them (``("o_proj", "down_proj")``);
-``tp_overlap_comm`` (overlapping the all-reduces with compute), ``keep_module_on_host``,
-``dtype`` and ``tp_grain_size`` are accepted without effect (warned once); kernel injection is refused.
+``tp_overlap_comm`` overlaps each column-parallel Linear's input-gradient all-reduce with its
+weight gradient in backward; each shard moves to the accelerator as it is cut unless
+``keep_module_on_host`` leaves the split model where it sits; ``dtype`` and ``tp_grain_size``
+are accepted without effect (warned once); kernel injection is refused.
 """
 from typing import Any, Optional, Tuple
 
@@ -37,6 +39,10 @@ class TensorParallelTrainingConfig(DeepSpeedConfigModel):
                        "test_bad_tensor_parallel_input_is_a_clear_error",
         "injection_policy_tuple": "tests/plugins/tensor_parallel/test_tp_keys.py::"
                                   "test_injection_policy_tuple_names_the_row_parallel_layers",
+        "tp_overlap_comm": "tests/plugins/tensor_parallel/test_tp_keys.py::"
+                           "test_tp_overlap_comm_reduces_input_grads_asynchronously",
+        "keep_module_on_host": "tests/plugins/tensor_parallel/test_tp_keys.py::"
+                               "test_keep_module_on_host_keeps_the_shards_on_the_host",
     }
     refused = {
         "replace_with_kernel_inject": "AutoTP training uses no fused inference kernels; leave it "
@@ -48,18 +54,18 @@ class TensorParallelTrainingConfig(DeepSpeedConfigModel):
     }
 
     autotp_size: int = Field(0, ge=0)
-    tp_overlap_comm: bool = False
-    keep_module_on_host: bool = False
+    tp_overlap_comm: bool = Field(False, description="backward: all-reduce each column-parallel "
+                                  "Linear's input gradient asynchronously, overlapped with its "
+                                  "weight gradient")
+    keep_module_on_host: bool = Field(False, description="leave the split Linears where the "
+                                      "model sits instead of moving each shard to the device "
+                                      "as it is cut")
     replace_with_kernel_inject: bool = False
     injection_policy_tuple: Optional[Tuple[str, ...]] = None
     dtype: Any = None
     tensor_parallel: TPConfig = Field(default_factory=TPConfig)
 
     without_effect = {
-        "tp_overlap_comm": "the all-reduces of AutoTP training are not overlapped with compute "
-                           "in this build",
-        "keep_module_on_host": "the model is split where it sits and moved to the device by "
-                               "deepspeed.initialize",
         "tensor_parallel.tp_grain_size": "every split is an even division by autotp_size",
         "dtype": "the training dtype comes from the fp16 / bf16 sections (and tp_model_init's "
                  "dtype argument)",

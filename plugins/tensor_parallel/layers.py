@@ -66,6 +66,37 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
+class _OverlappedColumnParallelLinear(torch.autograd.Function):
+    """"f" and a column-parallel Linear in one op (``tensor_parallel.tp_overlap_comm``):
+    backward starts the all-reduce of the input gradient asynchronously, computes the weight
+    and bias gradients while it runs, and waits for it only before handing the input gradient
+    on, which is when autograd needs it. Megatron's async tensor-parallel all-reduce; each
+    Linear then reduces its own input gradient (q, k and v: three all-reduces, each hidden
+    behind a matmul, instead of one exposed)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.has_bias = group, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_input = work = None
+        if ctx.needs_input_grad[0]:
+            grad_input = grad.matmul(weight)
+            work = dist.all_reduce(grad_input, group=ctx.group, async_op=True)
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_weight = rows.t().matmul(x.reshape(-1, x.shape[-1])) \
+            if ctx.needs_input_grad[1] else None
+        grad_bias = rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        if work is not None:
+            work.wait()
+        return grad_input, grad_weight, grad_bias, None
+
+
 def copy_to_tensor_parallel(x, group):
     """Identity forward, gradient all-reduced over ``group`` backward ("f")."""
     return _CopyToTensorParallel.apply(x, group)
@@ -191,11 +222,17 @@ class _TensorParallelLinear(SplitLinear):
 
 class ColumnParallelLinear(_TensorParallelLinear):
     """``f(x) @ weight.T + bias`` with this rank's ``[out / tp, in]`` weight slice and
-    ``[out / tp]`` bias slice; the output is this rank's slice of the features."""
+    ``[out / tp]`` bias slice; the output is this rank's slice of the features. With
+    ``overlap_comm`` (``tensor_parallel.tp_overlap_comm``) backward overlaps the input
+    gradient's all-reduce with the weight gradient (``_OverlappedColumnParallelLinear``)."""
 
     split_dim, split_bias = 0, True
+    overlap_comm = False
 
     def forward(self, input):
+        if self.overlap_comm and torch.is_grad_enabled():
+            return _OverlappedColumnParallelLinear.apply(input, self.weight, self.bias,
+                                                         self.group)
         copied = (copy_to_tensor_parallel(input, self.group) if self.shared_copy is None
                   else self.shared_copy(input, self.group))
         return F.linear(copied, self.weight, self.bias)

@@ -56,12 +56,17 @@ class TensorParallelPlugin(DeepSpeedPlugin):
             from deepspeed.tensor_parallel.groups import init_tensor_parallel_groups
 
             shard.split_model(engine.module, init_tensor_parallel_groups(wanted),
-                              section.injection_policy_tuple)
+                              section.injection_policy_tuple,
+                              shard_device=shard.shard_device(section, engine.device),
+                              overlap_comm=section.tp_overlap_comm)
             split = shard.split_of(engine.module)
-        elif wanted > 1 and wanted != split.tp_size:
-            raise ValueError(f"config tensor_parallel.autotp_size={wanted}, but the model was "
-                             f"split over {split.tp_size} ranks by deepspeed.tp_model_init; "
-                             f"use the same size in both")
+        else:
+            if wanted > 1 and wanted != split.tp_size:
+                raise ValueError(f"config tensor_parallel.autotp_size={wanted}, but the model "
+                                 f"was split over {split.tp_size} ranks by "
+                                 f"deepspeed.tp_model_init; use the same size in both")
+            if section is not None:  # the training config decides, as it does at the split
+                shard.set_overlap_comm(engine.module, section.tp_overlap_comm)
         if mpu is not None and mpu is not split.groups:
             raise ValueError(
                 "deepspeed.initialize was given its own mpu for a model split by AutoTP "

@@ -20,12 +20,13 @@ from typing import Any, Optional, Tuple
 from torch import nn
 
 from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
 from deepspeed.hooks import REPLICATED_PARAM
 from deepspeed.tensor_parallel.auto_tp import AutoTP, policy_from_injection, shard_model
 from deepspeed.tensor_parallel.config import SECTION, TensorParallelTrainingConfig
 from deepspeed.tensor_parallel.groups import init_tensor_parallel_groups
-from deepspeed.tensor_parallel.layers import (TENSOR_MODEL_PARALLEL, SharedInputCopy,
-                                              from_inference_layer)
+from deepspeed.tensor_parallel.layers import (TENSOR_MODEL_PARALLEL, ColumnParallelLinear,
+                                              SharedInputCopy, from_inference_layer)
 
 _SPLIT_ATTRIBUTE = "ds_tensor_parallel_split"
 
@@ -93,14 +94,36 @@ def tp_model_init(model, tp_size, dtype, config=None, **kwargs):
     unit = init_tensor_parallel_groups(tp_size)
     if dtype is not None:
         model.to(dtype)  # floating-point tensors only
-    split_model(model, unit, section.injection_policy_tuple if section is not None else None)
+    if section is None:
+        section = TensorParallelTrainingConfig()
+    split_model(model, unit, section.injection_policy_tuple,
+                shard_device=shard_device(section, get_accelerator().current_device_name()),
+                overlap_comm=section.tp_overlap_comm)
     return model
 
 
-def split_model(model, unit, row_parallel_names=None):
+def shard_device(section, device):
+    """Where each split Linear's slices go as they are cut: ``device`` (the accelerator's),
+    so a model loaded on the host never has its unsplit weights on the device and the device
+    only ever holds this rank's shards; None (stay where the model sits) with
+    ``tensor_parallel.keep_module_on_host``, which leaves moving the split model to the user
+    or ``deepspeed.initialize`` (to quantise or inspect the shards on the host first)."""
+    return None if section.keep_module_on_host else device
+
+
+def set_overlap_comm(model, overlap_comm):
+    """``tensor_parallel.tp_overlap_comm``: whether the column-parallel Linears of ``model``
+    overlap their input gradient's all-reduce with the weight gradient in backward."""
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear):
+            module.overlap_comm = bool(overlap_comm)
+
+
+def split_model(model, unit, row_parallel_names=None, *, shard_device=None, overlap_comm=False):
     """Split ``model`` in place over ``unit``'s tensor-parallel group (see the module
     docstring); ``row_parallel_names`` overrides AutoTP's choice of the Linears that write
-    into the residual stream, for every block class it finds."""
+    into the residual stream, for every block class it finds. Each split Linear moves to
+    ``shard_device`` (None: stays) once cut; ``overlap_comm``: see ``set_overlap_comm``."""
     if row_parallel_names:
         policy = policy_from_injection({cls: tuple(row_parallel_names)
                                         for cls in AutoTP.block_classes(model)})
@@ -114,7 +137,10 @@ def split_model(model, unit, row_parallel_names=None):
     for name, module in list(model.named_modules()):
         replacement = from_inference_layer(module, group, linears.get(name), shared_copy)
         if replacement is not None:
+            if shard_device is not None:  # its Parameters stay the same objects
+                replacement.to(shard_device)
             model.set_submodule(name, replacement)
+    set_overlap_comm(model, overlap_comm)
     _check_still_trainable(model, trainable)
     if unit.tp_rank != 0:
         for param in model.parameters():

@@ -192,10 +192,12 @@ class DeepSpeedZeroConfig(DeepSpeedConfigModel):
     # between implementations this build does not have: the core warns once, so nobody
     # measures a difference that cannot be there
     without_effect = {
-        "round_robin_gradients": "gradients already reach each rank's partition by one "
-                                 "reduce-scatter per bucket, with no per-rank copy loop to spread",
-        "offload_optimizer.fast_init": "NVMe optimizer state is written once, directly, at "
-                                       "initialisation; there is no slower path to skip",
+        "round_robin_gradients": "every gradient bucket is reduce-scattered, so each rank "
+                                 "already copies only its own 1/N slice of every bucket to "
+                                 "the host: the copy is spread over all ranks at the finest "
+                                 "grain, which upstream's round-robin parameter order only "
+                                 "approximates; nothing is left to balance (offload_optimizer "
+                                 "with overlap_comm is what speeds the copy up here)",
         "legacy_stage1": "this build has one stage 1 implementation (optimizer state "
                          "partitioned over the data-parallel ranks), which runs either way",
         "pipeline_loading_checkpoint": "load_checkpoint reads each rank's ZeRO-3 shards straight "

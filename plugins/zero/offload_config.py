@@ -87,8 +87,10 @@ class DeepSpeedZeroOffloadParamConfig(_OffloadBase):
 class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
     """`zero_optimization.offload_optimizer` (stages 1-3): optimizer state and step on CPU/NVMe."""
 
-    # what each key does here (see deepspeed.config.model; fast_init: DeepSpeedZeroConfig)
+    # what each key does here (see deepspeed.config.model)
     tested_by = {
+        "fast_init": "tests/plugins/zero/test_zero_nvme_pipeline.py::"
+                     "test_fast_init_queues_the_initial_writes_together",
         "device": "tests/plugins/zero/test_zero_hooks.py::test_zero_answers_optimizer_device_and_"
                   "sharding",
         "nvme_path": "tests/plugins/zero/test_zero_debug_access.py::"
@@ -111,7 +113,9 @@ class DeepSpeedZeroOffloadOptimizerConfig(_OffloadBase):
                                 "optimizer step while this one steps")
     pipeline_write: bool = Field(False, description="NVMe: write a stepped sub-group while the "
                                  "next one steps")
-    fast_init: bool = False
+    fast_init: bool = Field(False, description="NVMe: queue the first writes of every "
+                            "sub-group together at initialisation (buffer_count in flight) "
+                            "instead of waiting for each")
     ratio: float = Field(1.0, ge=0.0, le=1.0, description="fraction of each rank's optimizer state "
                          "(fp32 masters and moments) on the offload device, stepped there; the "
                          "rest stays on the accelerator and is stepped there (< 1 is partial "

@@ -4,6 +4,7 @@ Enabled by ``zero_optimization.stage`` > 0. It replaces the engine's optimizer w
 ``DeepSpeedZeroOptimizer`` (which is also the precision policy), the core all-reduce with its
 bucketed reduce-scatter, and the optimizer part of checkpoints with per-rank partition files.
 """
+import functools
 import gc
 import weakref
 
@@ -73,6 +74,10 @@ def check_optimizer(config, zero_config, optimizer):
     """The documented refusals, before any state is partitioned."""
     name = type(optimizer).__name__
     _check_offload_optimizer(config, zero_config, name)
+    _check_fp16_masters(config, zero_config, optimizer)
+    if config.bfloat16_enabled and config.bfloat16_immediate_grad_update \
+            and int(zero_config.stage) == 1:
+        _warn_immediate_grad_update_stage_1()
     if not is_zero_supported_optimizer(optimizer):
         if not policy(config, ALLOW_UNTESTED):
             raise ValueError(
@@ -95,6 +100,40 @@ def _check_offload_optimizer(config, zero_config, name):
                 f"is not a DeepSpeed CPU optimizer (DeepSpeedCPUAdam/Adagrad/Lion), which would "
                 f"be much slower; configure the optimizer in the 'optimizer' section, or set "
                 f"\"zero_force_ds_cpu_optimizer\": false to use {name} anyway")
+
+
+@functools.lru_cache(maxsize=None)  # once per process
+def _warn_immediate_grad_update_stage_1():
+    """Stages 2 and 3 hand every gradient to its partition from a hook as backward produces
+    it, which is what ``bf16.immediate_grad_update`` asks for; stage 1 cannot."""
+    logger.warning("bf16.immediate_grad_update has no effect with ZeRO stage 1, which keeps each "
+                   "micro-batch's full gradients in param.grad until the accumulation boundary; "
+                   "use zero_optimization.stage 2, where every gradient moves into this rank's "
+                   "partition as soon as backward produces it")
+
+
+def _check_fp16_masters(config, zero_config, optimizer):
+    """``fp16.fp16_master_weights_and_grads`` (fp16 masters and gradient partitions on the
+    host, fp32 optimizer states) is ZeRO-Offload's: stage 2 with the optimizer on the CPU and
+    an optimizer that keeps its states in fp32 (DeepSpeedCPUAdam)."""
+    if not config.fp16_master_weights_and_grads:
+        return
+    problems = []
+    if not config.fp16_enabled:
+        problems.append("fp16.enabled is false")
+    if int(zero_config.stage) != 2:
+        problems.append(f"zero_optimization.stage is {int(zero_config.stage)}")
+    if _offload_device(zero_config) is not OffloadDeviceEnum.cpu:
+        problems.append(f"zero_optimization.offload_optimizer.device is "
+                        f"{_offload_device(zero_config).value!r}")
+    if not getattr(optimizer, "fp32_optimizer_states", False):
+        problems.append(f"the optimizer {type(optimizer).__name__} does not keep fp32 states "
+                        f"for fp16 weights")
+    if problems:
+        raise ValueError(
+            f"fp16.fp16_master_weights_and_grads: true needs fp16 training with ZeRO stage 2, "
+            f"offload_optimizer.device \"cpu\" and DeepSpeedCPUAdam (fp32 optimizer states), "
+            f"but {'; '.join(problems)}; change those or remove the key")
 
 
 def setup_stage3(engine, zero_config, aio_kwargs=None):

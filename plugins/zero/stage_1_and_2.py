@@ -106,6 +106,9 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         device = next((b.device for layout in self.layouts for b in layout.buckets),
                       self.comm_device)
         self.master_device = torch.device(offload_device) if offload_device else device
+        # fp16.fp16_master_weights_and_grads (ZeRO-Offload; the plugin checks): fp16 masters
+        # and gradient partitions, half their bytes (DeepSpeedCPUAdam keeps fp32 moments)
+        self.master_dtype = torch.float16 if config.fp16_master_weights_and_grads else torch.float32
         pin = bool(getattr(zero_config.offload_optimizer, "pin_memory", False))
         self.sub_group_size = max(int(zero_config.sub_group_size), 1)
         # partial offload (offload_optimizer.ratio < 1): the sub-groups past each group's cut
@@ -131,7 +134,8 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
                     chunks.append(resident[-1])
             self.chunks.append(chunks)
             self.grad_partitions.append(self._maybe_pin(
-                torch.zeros(layout.partition_numel, device=self.master_device), pin))
+                torch.zeros(layout.partition_numel, dtype=self.master_dtype,
+                            device=self.master_device), pin))
             group["params"] = [c for c in chunks if id(c) not in self._resident]
             resident_groups.append(dict(group, params=resident))
         self.device_optimizer = (device_twin(optimizer, device, resident_groups)
@@ -166,9 +170,9 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         # ZeRO-3: per partitioner, the in-place refresh of the persistent parameters
         self._refreshers = None
         self.swapper = nvme_swapper(optimizer) if nvme_swapper is not None else None
-        if self.swapper is not None:
-            for chunk in self.offloaded_chunks:
-                self.swapper.swap_out(chunk)
+        if self.swapper is not None:  # fast_init: the first writes are queued together
+            self.swapper.swap_out_all(self.offloaded_chunks,
+                                      wait_each=not zero_config.offload_optimizer.fast_init)
 
     def _group_comms(self, groups, param_groups):
         """Per param group ``(process group, this rank in it, its size, norm weight)``: the
@@ -245,8 +249,8 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         return self.group_comms[bucket.group][1]
 
     def _read_piece(self, bucket):
-        piece = bucket.piece_of(self._rank_in(bucket)).detach().float().to(
-            self.master_device, copy=True)
+        piece = bucket.piece_of(self._rank_in(bucket)).detach().to(
+            self.master_device, self.master_dtype, copy=True)
         bucket.settle()
         return piece
 
@@ -255,7 +259,7 @@ class DeepSpeedZeroOptimizer(FragmentAccessMixin, OptimizerFace):
         transient buffer, so freeing it does not leave glibc's heap (and every later
         activation) sized for the whole partition (see ``transient_buffers``)."""
         if not pieces:
-            return torch.zeros(0, device=self.master_device)
+            return torch.zeros(0, dtype=self.master_dtype, device=self.master_device)
         flat = transient_empty(sum(p.numel() for p in pieces), pieces[0].dtype, pieces[0].device)
         return torch.cat(pieces, out=flat)
 

@@ -120,10 +120,14 @@ class OptimizerStateSwapper:
         self._inflight = []  # tensors referenced by queued reads (and writes on the same handle)
         self._writes = []  # tensors referenced by writes queued on write_handle (write_behind)
         self._closed = False
+        self.joins = 0  # times a caller waited for queued I/O (how serial the swapping was)
 
     # ---- public API -------------------------------------------------------------------------------
 
-    def swap_out(self, param):
+    def swap_out(self, param, wait=True):
+        """Write ``param``'s data and optimizer state to their files and free them. Without
+        ``write_behind`` it returns once the bytes are written, unless ``wait`` is False (then
+        the writes join the queue, at most ``buffer_count`` in flight, until ``wait()``)."""
         self._check_open()
         rec = self._record(param)
         if rec.swapped:
@@ -145,8 +149,17 @@ class OptimizerStateSwapper:
                 state[key] = empty
         rec.swapped = True
         rec.writes_pending = True
-        if not self.write_behind:
+        if wait and not self.write_behind:
             self.wait()  # the bytes are on disk before the caller goes on
+
+    def swap_out_all(self, params, wait_each=True):
+        """``swap_out`` each of ``params``, and return once every write is done. Without
+        ``wait_each`` (``offload_optimizer.fast_init``, the optimizer's first swap-out) the
+        writes are queued together, ``buffer_count`` in flight, and joined as the queue
+        fills, instead of one write at a time."""
+        for param in params:
+            self.swap_out(param, wait=wait_each)
+        self.wait()
 
     def prefetch(self, param):
         self._check_open()
@@ -212,6 +225,7 @@ class OptimizerStateSwapper:
         finally:
             try:
                 if self._writes:
+                    self.joins += 1
                     self.write_handle.wait()
             finally:
                 self._writes = []
@@ -222,6 +236,7 @@ class OptimizerStateSwapper:
         """Joins the I/O queued on the read handle (every write too, unless writes go behind)."""
         try:
             if self._inflight:
+                self.joins += 1
                 self.handle.wait()
         finally:
             self._inflight = []

@@ -119,6 +119,53 @@ def test_bf16_fp32_grad_accumulation_is_closer_to_exact(dist_pool):
     assert exact < 1e-5 < lossy
 
 
+def _immediate_grad_update(immediate, gas=3):
+    """bf16 with fp32 accumulation over ``gas`` micro-batches: the reduced fp32 gradients, and
+    whether the last Linear's bf16 gradients were already freed (moved into the accumulator)
+    while backward was still on its way to the first Linear."""
+    import deepspeed
+    from deepspeed import comm as dist
+
+    engine, optimizer, _, _ = deepspeed.initialize(model=make_model(), config={
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
+        "bf16": {"enabled": True, "immediate_grad_update": immediate},
+        "data_types": {"grad_accum_dtype": "fp32"},
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    last = engine.module[2]
+    freed_early = []
+
+    def look(grad):  # the first Linear's output gradient: after the last Linear's
+        freed_early.append(last.weight.grad is None and last.bias.grad is None)
+
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for micro in range(gas):
+        hidden = engine.module[0](torch.randn(MICRO, 8, generator=g).to(torch.bfloat16))
+        hidden.register_hook(look)
+        loss = engine.module[2](engine.module[1](hidden)).float().pow(2).mean()
+        engine.backward(loss)
+        if micro < gas - 1:
+            engine.step()
+    grads = [grad.clone() for grad in optimizer.reduction_grads()]
+    engine.destroy()
+    return grads, freed_early
+
+
+def test_bf16_immediate_grad_update_frees_each_grad_during_backward(dist_pool):
+    after, freed_after = dist_pool.run(_immediate_grad_update, args=(False,))[0]
+    during, freed_during = dist_pool.run(_immediate_grad_update, args=(True,))[0]
+    assert freed_during == [True] * 3 and freed_after == [False] * 3
+    assert all(grad.dtype == torch.float32 for grad in during)
+    torch.testing.assert_close(during, after, rtol=0, atol=0)  # the same sums, only earlier
+
+
+def test_bf16_immediate_grad_update_needs_fp32_accumulation():
+    from deepspeed.precision import BF16Optimizer
+
+    model = make_model().to(torch.bfloat16)
+    with pytest.raises(ValueError, match="immediate_grad_update.*grad_accum_dtype"):
+        BF16Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), immediate_grad_update=True)
+
+
 def test_fp16_dynamic_scale_skips_overflow_steps(dist_pool, caplog):
     fp16 = {"fp16": {"enabled": True, "initial_scale_power": 4, "loss_scale_window": 2,
                      "hysteresis": 2}}

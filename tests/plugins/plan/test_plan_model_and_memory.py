@@ -143,3 +143,65 @@ def test_unknown_presets_list_what_exists():
         cluster("dgx-h900")
     with pytest.raises(ValueError, match="llama-70b"):
         hf_config("no-such-model-anywhere")
+
+
+def test_moe_layers_are_described_and_split_over_expert_ranks():
+    """A ``deepspeed.moe.layer.MoE`` built with every expert local: the spec knows its experts,
+    gate and capacity, an ep=2 layout keeps half the expert weights per rank, and the
+    all-to-alls carry every capacity slot (the empty ones too: min_capacity)."""
+    from deepspeed.moe.layer import MoE
+    from deepspeed.plan.comms import by_name_and_size, per_step
+
+    width = 8
+    expert = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.ReLU(),
+                                 torch.nn.Linear(16, width))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width),
+                                MoEOutput(MoE(width, expert, num_experts=4, k=1, min_capacity=3)))
+    spec = from_module(model, (torch.randn(1, 6, width),), name="moe")
+    per_expert = width * 16 + 16 + 16 * width + width
+    assert (spec.num_experts, spec.experts_per_token, spec.expert_layers) == (4, 1, 1)
+    assert spec.expert_params == 4 * per_expert and sum(spec.expert_mask) == 4 * 4
+    dense = spec.total_params - spec.expert_params
+    layout = Layout(dp=2, ep=2, micro_batch=2, precision="fp32")
+    plan = memory_per_rank(spec, layout, cluster("cpu-local"))
+    assert plan.params == (dense + 2 * per_expert) * 4
+    comms = by_name_and_size(per_step(spec, layout))
+    # 12 tokens over 4 experts: 3 slots each; with min_capacity 4 the slots would be 4
+    assert comms["all_to_all_single"] == {4 * 3 * width * 4: 4}
+    assert comms["all_reduce"] == {dense * 4: 1, 2 * per_expert * 4: 1}
+    fewer = Layout(dp=2, ep=2, micro_batch=1, precision="fp32")  # 6 tokens: 2 each, min 3
+    assert by_name_and_size(per_step(spec, fewer))["all_to_all_single"] == {4 * 3 * width * 4: 4}
+
+
+class MoEOutput(torch.nn.Module):
+    """The MoE layer's output alone (it returns output, l_aux, exp_counts)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x)[0]
+
+
+def test_peak_reads_offload_mixed_precision_and_reduction_timing():
+    """The measured rules (docs/dev/benchmarks.md) on a model whose bucket holds it whole:
+    stage 0 reduces after backward (the larger of activations and the flat copy, not their
+    sum); ZeRO-1/2 step 12 / 10 / 14 bytes per partition element in fp32 / bf16 / fp16 above
+    weights and optimizer state; an offloaded optimizer's step counts on the host, which
+    ``unified_peak`` adds for a machine whose host and accelerator are one memory."""
+    spec = from_module(mlp(), (torch.randn(1, 16),))
+    count, cpu = spec.total_params, cluster("cpu-local")
+    stage0 = memory_per_rank(spec, Layout(dp=2, precision="fp32"), cpu)
+    assert stage0.peak == 16 * count + max(stage0.activations, 4 * count)
+    half = -(-count // 2)
+    for precision, weight, step in (("fp32", 4, 12), ("bf16", 2, 10), ("fp16", 2, 14)):
+        plan = memory_per_rank(spec, Layout(dp=2, zero_stage=2, precision=precision), cpu)
+        assert plan.step_transient == step * half
+        assert plan.peak >= weight * count + 16 * half + step * half
+    offload = memory_per_rank(spec, Layout(dp=2, zero_stage=2, precision="fp32",
+                                           offload_optimizer="cpu"), cpu)
+    assert (offload.step_transient, offload.host_step_transient) == (0, 12 * half)
+    assert offload.host == 16 * half and offload.peak == offload.backward_peak
+    assert offload.unified_peak == max(offload.backward_peak, 4 * count + 12 * half) + 16 * half

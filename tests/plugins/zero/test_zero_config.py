@@ -73,7 +73,7 @@ def test_a_bad_stage_lists_each_stage_once(bad):
 
 @pytest.mark.parametrize("section,named", [
     ({"round_robin_gradients": True}, "round_robin_gradients"),
-    ({"offload_optimizer": {"device": "cpu", "fast_init": True}}, "offload_optimizer.fast_init")])
+    ({"legacy_stage1": True}, "legacy_stage1")])
 def test_keys_without_effect_say_so_once(section, named, caplog):
     import logging
 
