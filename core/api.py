@@ -8,7 +8,7 @@ the plugins the config enables, and the engine itself.
 import argparse
 
 from deepspeed import comm as dist
-from deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
+from deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError, load_config_source
 from deepspeed.engine import DeepSpeedEngine
 from deepspeed.plugin_manager import PluginCatalog
 
@@ -79,7 +79,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     dist.init_distributed(distributed_port=distributed_port,
                           dist_init_required=dist_init_required)
     catalog = PluginCatalog()
-    choice, owner = catalog.engine_choice(model)  # e.g. the pipe plugin claims a PipelineModule
+    # e.g. the pipe plugin claims a PipelineModule (and lays it out by the pipeline section)
+    choice, owner = catalog.engine_choice(model, load_config_source(source))
     engine_class = DeepSpeedEngine if choice is None else choice.engine_class
     if mpu is None and choice is not None:
         mpu = choice.mpu

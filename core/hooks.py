@@ -80,12 +80,15 @@ class EngineChoice:
 
 
 @hookspec(firstresult=True)
-def deepspeed_engine_for_model(model: torch.nn.Module) -> Optional[EngineChoice]:
+def deepspeed_engine_for_model(model: torch.nn.Module,
+                               config: Dict[str, Any]) -> Optional[EngineChoice]:
     """Claim ``model``: return an ``EngineChoice`` when this plugin's engine must drive it (a
     ``PipelineModule`` gets the ``PipelineEngine``), None otherwise; first result wins.
 
     Asked of every *installed* plugin by ``deepspeed.initialize`` before the config is
-    validated, because what a model needs cannot be read from the config. The plugin that
+    validated, because what a model needs cannot be read from the config. ``config`` is the
+    user's config as a plain dict, not yet validated: a plugin that lays the model out from its
+    own section (the pipeline's ``stages``) validates that section itself. The plugin that
     answers is enabled for that engine whatever its config sections say."""
 
 

@@ -144,12 +144,14 @@ class PluginCatalog:
         ``deepspeed_comms_logger``), which run before or without any engine."""
         return self._all.hook
 
-    def engine_choice(self, model):
+    def engine_choice(self, model, config=None):
         """``(EngineChoice, plugin name)`` of the installed plugin that claims ``model``
-        (``deepspeed_engine_for_model``), or ``(None, None)``."""
+        (``deepspeed_engine_for_model``, given the user's ``config`` as a plain dict), or
+        ``(None, None)``."""
+        offered = {"model": model, "config": {} if config is None else config}
         # pluggy's call order (last registered first), so the answer is the hook call's
         for impl in reversed(self._all.hook.deepspeed_engine_for_model.get_hookimpls()):
-            choice = impl.function(model=model)
+            choice = impl.function(**{name: offered[name] for name in impl.argnames})
             if choice is not None:
                 return choice, impl.plugin_name
         return None, None

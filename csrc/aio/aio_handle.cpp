@@ -1,4 +1,4 @@
-// See aio_handle.h.  The GIL is released by the bindings around every call that may block.
+// See aio_handle.h.  Every method runs with the GIL held and releases it while it waits on I/O.
 #include "aio_handle.h"
 
 #include <fcntl.h>
@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -31,7 +33,7 @@ void check_readable(const std::string& filename, std::int64_t offset, std::int64
 // Compares the file range with the buffer after a validated op.
 std::string compare_with_file(const Op& op)
 {
-    const std::size_t n = op.host.nbytes();
+    const std::size_t n = static_cast<std::size_t>(op.nbytes);
     int fd = open(op.filename.c_str(), O_RDONLY);
     if (fd < 0) return "async_io: validation cannot open '" + op.filename + "': " + std::strerror(errno);
     std::vector<char> back(n);
@@ -42,13 +44,52 @@ std::string compare_with_file(const Op& op)
         done += static_cast<std::size_t>(r);
     }
     close(fd);
-    if (done != n || std::memcmp(back.data(), op.host.data_ptr(), n) != 0)
+    if (done != n || std::memcmp(back.data(), op.data, n) != 0)
         return "async_io: validation failed: the " + std::to_string(n) + " bytes at file offset " +
                std::to_string(op.file_offset) + " of '" + op.filename + "' differ from the tensor";
     return "";
 }
 
+py::module_ torch_module() { return py::module_::import("torch"); }
+
+const void* data_ptr_of(const py::object& tensor)
+{
+    return reinterpret_cast<const void*>(tensor.attr("data_ptr")().cast<std::uintptr_t>());
+}
+
 }  // namespace
+
+LockedBuffer::LockedBuffer(std::size_t bytes_, std::shared_ptr<LockedSet> set_)
+    : bytes(bytes_), set(std::move(set_))
+{
+    rounded = (std::max<std::size_t>(1, bytes) + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    if (posix_memalign(&data, kDirectAlign, rounded) != 0)
+        throw std::runtime_error("new_cpu_locked_tensor: cannot allocate " + std::to_string(rounded) + " bytes");
+    // mlock can fail under RLIMIT_MEMLOCK; the buffer is still aligned, so O_DIRECT still works.
+    locked = mlock(data, rounded) == 0;
+    std::lock_guard<std::mutex> lk(set->mu);
+    set->ptrs.insert(data);
+}
+
+LockedBuffer::~LockedBuffer()
+{
+    {
+        std::lock_guard<std::mutex> lk(set->mu);
+        set->ptrs.erase(data);
+    }
+    if (locked) munlock(data, rounded);
+    std::free(data);
+}
+
+void bind_locked_buffer(py::module_& m)
+{
+    py::class_<LockedBuffer>(m, "_LockedHostBuffer", py::buffer_protocol(),
+                             "Aligned host memory behind new_cpu_locked_tensor's tensors")
+        .def_buffer([](LockedBuffer& b) {
+            return py::buffer_info(b.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                                   {static_cast<py::ssize_t>(b.bytes)}, {1});
+        });
+}
 
 AioHandle::AioHandle(std::int64_t block_size, int queue_depth, bool single_submit,
                      bool overlap_events, int intra_op_parallelism)
@@ -92,7 +133,7 @@ void AioHandle::worker_loop()
     }
 }
 
-int AioHandle::submit(const torch::Tensor& buffer, const std::string& filename, bool is_read,
+int AioHandle::submit(const py::object& buffer, const std::string& filename, bool is_read,
                       bool validate, bool async_op, std::int64_t file_offset)
 {
     if (file_offset < 0) bad_value("async_io: file_offset must be >= 0, got " + std::to_string(file_offset));
@@ -102,21 +143,24 @@ int AioHandle::submit(const torch::Tensor& buffer, const std::string& filename, 
     op->file_offset = file_offset;
     op->validate = validate;
     op->user = buffer;
-    const bool direct = buffer.device().is_cpu() && buffer.is_contiguous();
+    const bool on_cpu = buffer.attr("device").attr("type").cast<std::string>() == "cpu";
+    const bool direct = on_cpu && buffer.attr("is_contiguous")().cast<bool>();
     if (direct)
         op->host = buffer;
     else if (is_read)
-        op->host = torch::empty(buffer.sizes(), buffer.options().device(torch::kCPU));
+        op->host = torch_module().attr("empty")(buffer.attr("shape"), py::arg("dtype") = buffer.attr("dtype"));
     else
-        op->host = buffer.to(torch::kCPU).contiguous();
-    const std::int64_t nbytes = static_cast<std::int64_t>(op->host.nbytes());
+        op->host = buffer.attr("to")("cpu").attr("contiguous")();
+    op->data = reinterpret_cast<char*>(op->host.attr("data_ptr")().cast<std::uintptr_t>());
+    op->nbytes = op->host.attr("nbytes").cast<std::int64_t>();
+    const std::int64_t nbytes = op->nbytes;
     if (is_read) check_readable(filename, file_offset, nbytes);
 
     const std::int64_t block = static_cast<std::int64_t>(cfg_.block_size);
     std::int64_t per = (nbytes + threads_ - 1) / threads_;
     per = std::max<std::int64_t>(block, (per + block - 1) / block * block);
     std::vector<Slice> slices;
-    char* base = static_cast<char*>(op->host.data_ptr());
+    char* base = op->data;
     // An empty write still creates the file, so it runs as one zero-byte slice.
     for (std::int64_t pos = 0; pos < std::max<std::int64_t>(nbytes, 1); pos += per)
         slices.push_back({is_read, filename, base + pos, file_offset + pos,
@@ -146,16 +190,18 @@ int AioHandle::submit(const torch::Tensor& buffer, const std::string& filename, 
 
 void AioHandle::finish(Op& op)
 {
+    std::string error;
     {
-        std::unique_lock<std::mutex> lk(op.mu);
-        op.cv.wait(lk, [&] { return op.remaining == 0; });
+        py::gil_scoped_release nogil;
+        {
+            std::unique_lock<std::mutex> lk(op.mu);
+            op.cv.wait(lk, [&] { return op.remaining == 0; });
+        }
+        error = op.error;
+        if (error.empty() && op.validate) error = compare_with_file(op);
     }
-    if (!op.error.empty()) throw std::runtime_error(op.error);
-    if (op.validate) {
-        std::string e = compare_with_file(op);
-        if (!e.empty()) throw std::runtime_error(e);
-    }
-    if (op.is_read && !op.user.is_same(op.host)) op.user.copy_(op.host);
+    if (!error.empty()) throw std::runtime_error(error);
+    if (op.is_read && !op.user.is(op.host)) op.user.attr("copy_")(op.host);
 }
 
 int AioHandle::wait()
@@ -174,42 +220,31 @@ int AioHandle::wait()
     return static_cast<int>(ops.size());
 }
 
-torch::Tensor AioHandle::new_cpu_locked_tensor(std::int64_t num_elem, const torch::Tensor& example)
+py::object AioHandle::new_cpu_locked_tensor(std::int64_t num_elem, const py::object& example)
 {
     if (num_elem < 0) bad_value("new_cpu_locked_tensor: num_elem must be >= 0, got " + std::to_string(num_elem));
-    const std::size_t bytes = std::max<std::size_t>(1, num_elem * example.element_size());
-    const std::size_t rounded = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    void* p = nullptr;
-    if (posix_memalign(&p, kDirectAlign, rounded) != 0)
-        throw std::runtime_error("new_cpu_locked_tensor: cannot allocate " + std::to_string(rounded) + " bytes");
-    // mlock can fail under RLIMIT_MEMLOCK; the buffer is still aligned, so O_DIRECT still works.
-    const bool locked = mlock(p, rounded) == 0;
-    {
-        std::lock_guard<std::mutex> lk(locked_->mu);
-        locked_->ptrs.insert(p);
-    }
-    auto deleter = [rounded, locked, set = locked_](void* q) {
-        {
-            std::lock_guard<std::mutex> lk(set->mu);
-            set->ptrs.erase(q);
-        }
-        if (locked) munlock(q, rounded);
-        std::free(q);
-    };
-    return torch::from_blob(p, {num_elem}, deleter, example.options().device(torch::kCPU));
+    py::object dtype = example.attr("dtype");
+    if (num_elem == 0)  // torch.frombuffer takes no empty view; an empty tensor has no bytes to lock
+        return torch_module().attr("empty")(0, py::arg("dtype") = dtype);
+    const std::size_t bytes = num_elem * example.attr("element_size")().cast<std::size_t>();
+    py::object memory = py::cast(new LockedBuffer(bytes, locked_), py::return_value_policy::take_ownership);
+    return torch_module().attr("frombuffer")(memory, py::arg("dtype") = dtype, py::arg("count") = num_elem);
 }
 
-bool AioHandle::free_cpu_locked_tensor(const torch::Tensor& t)
+bool AioHandle::free_cpu_locked_tensor(const py::object& t)
 {
-    // The memory itself goes back when the last reference to the tensor dies (its deleter).
+    // The memory itself goes back when the last reference to the tensor dies (its buffer).
+    const void* p = data_ptr_of(t);
     std::lock_guard<std::mutex> lk(locked_->mu);
-    return locked_->ptrs.erase(t.data_ptr()) > 0;
+    return locked_->ptrs.erase(p) > 0;
 }
 
-bool AioHandle::is_pinned(const torch::Tensor& t) const
+bool AioHandle::is_pinned(const py::object& t) const
 {
+    if (t.attr("is_pinned")().cast<bool>()) return true;
+    const void* p = data_ptr_of(t);
     std::lock_guard<std::mutex> lk(locked_->mu);
-    return t.is_pinned() || locked_->ptrs.count(t.data_ptr()) > 0;
+    return locked_->ptrs.count(p) > 0;
 }
 
 }  // namespace ds_aio

@@ -1,6 +1,5 @@
 // Python bindings of the async_io op (names and defaults follow the DeepNVMe tutorial).
-#include <torch/extension.h>
-
+// pybind11 only: see aio_handle.h for why the op does without the ATen headers.
 #include "aio_handle.h"
 #include "handle_bindings.h"
 
@@ -15,4 +14,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     py::class_<AioHandle> cls(m, "aio_handle",
                               "Handle for tensor <-> file I/O split across intra_op_parallelism threads");
     ds_io_bindings::bind_handle_methods<AioHandle>(cls);
+    ds_aio::bind_locked_buffer(m);
 }

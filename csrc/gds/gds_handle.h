@@ -42,6 +42,10 @@ struct Op {
 
 class GdsHandle {
 public:
+    // handle_bindings.h: tensors arrive as ATen tensors; each call runs without the GIL.
+    using buffer_type = torch::Tensor;
+    using call_guard = pybind11::call_guard<pybind11::gil_scoped_release>;
+
     GdsHandle(std::int64_t block_size, int queue_depth, bool single_submit, bool overlap_events,
               int intra_op_parallelism);
     ~GdsHandle();

@@ -29,6 +29,7 @@ def _check_bits(value, key):
 _T = "tests/plugins/compression/"
 INIT, CLEAN = _T + "test_init_compression.py::", _T + "test_redundancy_clean.py::"
 ENGINE, MOQ = _T + "test_compression_engine.py::", _T + "test_moq.py::"
+EIGEN = _T + "test_moq_eigenvalue.py::"
 SNIP, KEYS = _T + "test_snip.py::", _T + "test_compression_keys.py::"
 PRUNING = KEYS + "test_pruning_groups_choose_method_ratio_modules_and_offset"
 
@@ -347,6 +348,15 @@ class MoQAlgo(DeepSpeedConfigModel):
 
 
 class EigenvalueConfig(DeepSpeedConfigModel):
+    """Eigenvalue MoQ: each named layer's Hessian top eigenvalue stretches its quantization
+    period at each bit drop by up to 5x (``deepspeed.compression.eigenvalue``)."""
+    tested_by = {
+        **dict.fromkeys(("enabled", "layer_name", "layer_num", "gas_boundary_resolution",
+                         "verbose"), EIGEN + "test_sensitive_layers_get_longer_quantization_"
+                                             "periods"),
+        **dict.fromkeys(("max_iter", "tol", "stability"),
+                        EIGEN + "test_max_iter_tol_and_stability_bound_the_iteration"),
+    }
 
     enabled: bool = False
     verbose: bool = False
@@ -370,12 +380,6 @@ class QuantizeTrainingConfig(DeepSpeedConfigModel):
 
     without_effect = {
         "quantizer_kernel": "there is no CUDA quantizer kernel here; the torch quantizer runs",
-        **dict.fromkeys(
-            ("eigenvalue.enabled", "eigenvalue.verbose", "eigenvalue.max_iter", "eigenvalue.tol",
-             "eigenvalue.stability", "eigenvalue.gas_boundary_resolution",
-             "eigenvalue.layer_name", "eigenvalue.layer_num"),
-            "eigenvalue-based period stretching is not implemented: every layer follows the "
-            "plain schedule of quantize_schedule (tune quantize_period instead)"),
     }
     enabled: bool = False
     quantize_verbose: bool = False

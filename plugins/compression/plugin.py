@@ -26,6 +26,7 @@ class CompressionPlugin(DeepSpeedPlugin):
     def __init__(self):
         self.scheduler = None
         self.moq = None
+        self.eigen_layers = []  # eigenvalue MoQ's [(name, layer)]
 
     @hookimpl
     def deepspeed_enable_for_model(self, model):
@@ -52,13 +53,55 @@ class CompressionPlugin(DeepSpeedPlugin):
                      "before deepspeed.initialize", ranks=[0], level=30)
         moq = config.section("quantize_training")
         if moq is not None and moq.enabled:
-            self.moq = MoQQuantizer(moq)
+            layers = []
+            if moq.eigenvalue.enabled:
+                from .eigenvalue import sensitive_layers
+
+                if engine.sharding.stage == 3:
+                    raise ValueError("quantize_training.eigenvalue needs each layer's whole "
+                                     "parameters for its Hessian-vector products; ZeRO stage 3 "
+                                     "partitions them: use ZeRO stage 0-2 or disable eigenvalue")
+
+                layers = sensitive_layers(engine.module, moq.eigenvalue)
+            self.eigen_layers = layers
+            self.moq = MoQQuantizer(moq, [name for name, _ in layers])
 
     @hookimpl
     def deepspeed_engine_attributes(self):
         """Upstream's engine members for compression and MoQ."""
         return {"compression_scheduler": self.scheduler, "quantizer": self.moq,
                 "quantize_bits": lambda: self.moq.bits if self.moq else None}
+
+    @hookimpl
+    def deepspeed_before_backward(self, engine, loss):
+        """Eigenvalue MoQ: at every ``gas_boundary_resolution``-th accumulation boundary, the
+        layers' Hessian eigenvalues (averaged over the data-parallel ranks, so every replica
+        follows the same schedule) set their period factors; the loss keeps its graph."""
+        if not self.eigen_layers or not engine.is_gradient_accumulation_boundary():
+            return
+        config = self.moq.config.eigenvalue
+        if engine.global_steps % config.gas_boundary_resolution:
+            return
+        from .eigenvalue import layer_eigenvalues, period_factors
+
+        eigenvalues = layer_eigenvalues(loss, self.eigen_layers, config)
+        if engine.dp_world_size > 1:
+            import torch
+
+            from deepspeed import comm as dist
+
+            values = torch.tensor(list(eigenvalues.values()), dtype=torch.float64,
+                                  device=loss.device)
+            dist.all_reduce(values, group=engine.dp_group)
+            eigenvalues = dict(zip(eigenvalues, (values / engine.dp_world_size).tolist()))
+        self.moq.set_eigenvalues(period_factors(eigenvalues))
+        if config.verbose:
+            log_dist(f"MoQ eigenvalues at step {engine.global_steps}: {eigenvalues}, period "
+                     f"factors {self.moq.factors}", ranks=[0])
+        if engine.monitor is not None:
+            engine.monitor.write_events([(f"Train/Eigenvalues/ModelBlockParam_{idx}", value,
+                                          engine.global_samples)
+                                         for idx, value in enumerate(eigenvalues.values())])
 
     @hookimpl
     def deepspeed_after_step(self, engine):

@@ -116,6 +116,33 @@ class RandomLTDScheduleConfig(DeepSpeedConfigModel):
         return self
 
 
+class LayerTokenLRScheduleConfig(DeepSpeedConfigModel):
+    """The learning rate over the layer tokens random-LTD consumed rather than over steps
+    (the random-LTD paper's LayerToken LR): a step that drops tokens moves the schedule less.
+    Linear warmup to the optimizer's learning rate over ``warmup_layer_token``, then cosine
+    decay to 0 at ``total_layer_token``."""
+    tested_by = dict.fromkeys(("enabled", "total_layer_token", "warmup_layer_token"),
+                              LTD + "test_layer_token_lr_schedule_follows_consumed_tokens")
+    refused = {"warmup_type": "only a linear warmup is implemented; leave it 'linear'"}
+
+    enabled: bool = False
+    total_layer_token: Optional[int] = Field(None, ge=1)
+    """Layer tokens at which the learning rate reaches 0."""
+    warmup_layer_token: int = Field(0, ge=0)
+    """Layer tokens of the linear warmup."""
+    warmup_type: str = "linear"
+    """The warmup's shape: "linear" (the only one)."""
+
+    @model_validator(mode="after")
+    def _total(self):
+        if self.enabled and (self.total_layer_token is None
+                             or self.total_layer_token <= self.warmup_layer_token):
+            raise ValueError(f"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule:"
+                             f" total_layer_token ({self.total_layer_token}) must be set and "
+                             f"larger than warmup_layer_token ({self.warmup_layer_token})")
+        return self
+
+
 class RandomLTDConfig(DeepSpeedConfigModel):
     tested_by = {
         # the engine only builds the scheduler when all three enabled flags are on
@@ -136,12 +163,8 @@ class RandomLTDConfig(DeepSpeedConfigModel):
     model_type: Literal["decoder", "encoder"] = "decoder"
     hidden_state_order: Literal["batch_seq_dim", "seq_batch_dim"] = "batch_seq_dim"
     random_ltd_schedule: Optional[RandomLTDScheduleConfig] = None
-    layer_token_lr_schedule: Dict[str, Any] = Field(default_factory=dict)
-
-    without_effect = {
-        "layer_token_lr_schedule": "the learning rate follows the optimizer's own scheduler; "
-                                   "a schedule over consumed layer tokens is not implemented",
-    }
+    layer_token_lr_schedule: LayerTokenLRScheduleConfig = Field(
+        default_factory=LayerTokenLRScheduleConfig)
 
     @model_validator(mode="after")
     def _layers(self):

@@ -41,6 +41,8 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
         self.legacy_as_keyword = True
         self.pld = None
         self.random_ltd = None  # RandomLTDScheduler
+        self.layer_token_lr = None  # the layer_token_lr_schedule section when enabled
+        self.peak_lrs = None  # its peak: each param group's learning rate at the first step
         self.loader = None  # CurriculumDataLoader
         self.custom_schedules = {}
         self.post_process_func = None
@@ -67,9 +69,11 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
         if self.data_efficiency is not None and self.data_efficiency.random_ltd_enabled():
             from .random_ltd import RandomLTDScheduler
 
-            self.random_ltd = RandomLTDScheduler(self.data_efficiency.data_routing.random_ltd,
-                                                 global_batch_size=engine.train_batch_size(),
+            ltd = self.data_efficiency.data_routing.random_ltd
+            self.random_ltd = RandomLTDScheduler(ltd, global_batch_size=engine.train_batch_size(),
                                                  seed=self.data_efficiency.seed)
+            if ltd.layer_token_lr_schedule.enabled:
+                self.layer_token_lr = ltd.layer_token_lr_schedule
 
     @hookimpl
     def deepspeed_engine_attributes(self, engine):
@@ -184,6 +188,26 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
         return args, kwargs
 
     @hookimpl
+    def deepspeed_before_step(self, engine):
+        """layer_token_lr_schedule: the learning rate of this optimizer step from the layer
+        tokens consumed so far (this step's included)."""
+        if self.layer_token_lr is None:
+            return
+        from .random_ltd.scheduler import layer_token_lr_factor
+
+        if self.peak_lrs is None:  # the optimizer is built after deepspeed_engine_init
+            if engine.lr_scheduler is not None:
+                raise ValueError("data_efficiency.data_routing.random_ltd."
+                                 "layer_token_lr_schedule sets the learning rate from the "
+                                 "consumed layer tokens; a step-based LR scheduler (the "
+                                 "'scheduler' section or lr_scheduler=) would fight it: use "
+                                 "one of them")
+            self.peak_lrs = [group["lr"] for group in engine.basic_optimizer.param_groups]
+        factor = layer_token_lr_factor(self.random_ltd.consumed_layer_tokens, self.layer_token_lr)
+        for group, peak in zip(engine.basic_optimizer.param_groups, self.peak_lrs):
+            group["lr"] = peak * factor
+
+    @hookimpl
     def deepspeed_after_step(self, engine):
         if self.pld is not None:
             self.pld.update_state(engine.global_steps)
@@ -203,6 +227,8 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
             saved["random_ltd"] = self.random_ltd.state_dict()
         if self.loader is not None:
             saved["data_loader"] = self.loader.state_dict()
+        if self.peak_lrs is not None:  # the optimizer's lr is the scheduled one, not the peak
+            saved["layer_token_peak_lrs"] = list(self.peak_lrs)
         return saved
 
     def load_state_dict(self, saved):
@@ -214,3 +240,5 @@ class DataEfficiencyPlugin(DeepSpeedPlugin):
             self.random_ltd.load_state_dict(saved["random_ltd"])
         if self.loader is not None and "data_loader" in saved:
             self.loader.load_state_dict(saved["data_loader"])
+        if self.layer_token_lr is not None and "layer_token_peak_lrs" in saved:
+            self.peak_lrs = [float(lr) for lr in saved["layer_token_peak_lrs"]]

@@ -4,7 +4,8 @@ The node joins a c10d rendezvous at ``--master_addr:--master_port`` (node rank 0
 store) with ``--min_elastic_nodes`` to ``--max_elastic_nodes`` nodes, and torch's
 ``LocalElasticAgent`` supervises the workers: when a worker fails (a peer node died mid
 collective) the agent restarts them with whoever is left, and when a new node waits to join it
-restarts them with the larger group. Each start is a fresh ``deepspeed.initialize``, whose
+restarts them with the larger group, once ``elasticity.min_time`` minutes have passed since
+the last start (``min_time.py``, read from the script's ``--deepspeed_config``). Each start is a fresh ``deepspeed.initialize``, whose
 batch sizes come from the ``elasticity`` section for the new world size, so the global batch
 stays what the elastic plan says; the script resumes from its latest checkpoint.
 
@@ -15,6 +16,8 @@ import os
 import sys
 
 
+from deepspeed.elasticity.min_time import BACKEND as MIN_TIME_BACKEND
+from deepspeed.elasticity.min_time import MIN_TIME_KEY, min_time_from_args, register_backend
 from deepspeed.utils.logging import logger
 
 MAX_RESTARTS_ENV = "DS_ELASTIC_MAX_RESTARTS"  # restarts after failures (default 10)
@@ -61,11 +64,15 @@ def elastic_plan(args):
     rdzv_configs = {"last_call_timeout": _int_env(LAST_CALL_ENV, 2), "join_timeout": 900,
                     "keep_alive_interval": _int_env(KEEP_ALIVE_ENV, 1),
                     "keep_alive_max_attempt": KEEP_ALIVE_ATTEMPTS}
+    backend = "c10d"
+    min_time_s = min_time_from_args(args.user_args)  # elasticity.min_time, as seconds
+    if min_time_s > 0:  # c10d, holding waiting nodes back for min_time after each start
+        backend, rdzv_configs[MIN_TIME_KEY] = MIN_TIME_BACKEND, min_time_s
     if args.node_rank >= 0:  # otherwise torch decides (the first agent to bind the port hosts)
         rdzv_configs["is_host"] = args.node_rank == 0
     launch = dict(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=len(active[host]),
                   run_id=os.environ.get("DS_ELASTIC_RUN_ID", f"deepspeed-{args.master_port}"),
-                  rdzv_backend="c10d", rdzv_endpoint=f"{master_addr}:{args.master_port}",
+                  rdzv_backend=backend, rdzv_endpoint=f"{master_addr}:{args.master_port}",
                   rdzv_configs=rdzv_configs, max_restarts=_int_env(MAX_RESTARTS_ENV, 10),
                   monitor_interval=0.5, start_method="spawn")
     if args.no_python:
@@ -87,6 +94,8 @@ def run_elastic(args):
         print(f"elastic launch: {launch}")
         print(" ".join([program] + program_args))
         return 0
+    if launch["rdzv_backend"] == MIN_TIME_BACKEND:
+        register_backend()
     # torch elastic shares one TCP store across rounds by default, but a node that stays rank 0
     # then never re-announces its address in a later round, so a node joining in that round
     # waits for it forever (scale-up hangs): a fresh store per round avoids that

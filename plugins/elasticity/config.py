@@ -60,13 +60,9 @@ class ElasticityConfig(DeepSpeedConfigModel):
                                          "per_node",
         "num_gpus_per_node": COMPUTE + "test_v02_scales_by_nodes_and_trains_off_plan",
         "ignore_non_elastic_batch_info": ENGINE + "test_batch_keys_next_to_elasticity",
+        "min_time": "tests/plugins/elasticity/test_elastic_min_time.py::"
+                    "test_waiting_nodes_are_admitted_only_after_min_time",
     }
-    without_effect = {
-        "min_time": "it is the cluster scheduler's minimum run time between rescales; here "
-                    "torch elastic admits a waiting node at the next rendezvous, so set the "
-                    "delay in the scheduler that adds and removes nodes",
-    }
-
     enabled: bool = False
     max_train_batch_size: int = Field(2000, ge=1)
     """The largest acceptable global batch size."""
@@ -75,7 +71,8 @@ class ElasticityConfig(DeepSpeedConfigModel):
     min_gpus: int = Field(1, ge=1)
     max_gpus: int = Field(10000, ge=1)
     min_time: int = Field(0, ge=0)
-    """Minutes the scheduler waits before scaling again (v0.1 schedulers read it; 0 = unknown)."""
+    """Minutes the elastic agent waits after each (re)start before taking in waiting nodes (0:
+    at once); read by ``deepspeed --elastic_training`` from the script's --deepspeed_config."""
     version: float = LATEST_ELASTICITY_VERSION
     ignore_non_elastic_batch_info: bool = False
     """Silently ignore train_batch_size / micro-batch / accumulation keys outside this section

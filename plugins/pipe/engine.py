@@ -21,7 +21,8 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.engine import DeepSpeedEngine
 from deepspeed.pipe import schedule
-from deepspeed.pipe.p2p import PipelineError, StageLink
+from deepspeed.pipe.config import PipelineConfig
+from deepspeed.pipe.p2p import PipelineError, StageLink, TensorSplit
 from deepspeed.utils.repeating_loader import RepeatingLoader
 
 TRAIN_LOSS = "Train/Samples/train_loss"
@@ -53,10 +54,11 @@ class PipelineEngine(DeepSpeedEngine):
         prev_rank = self.grid.stage_to_global(self.stage_id - 1) if self.stage_id > 0 else None
         next_rank = (self.grid.stage_to_global(self.stage_id + 1)
                      if self.stage_id < self.num_stages - 1 else None)
-        self.link = StageLink(prev_rank, next_rank, device=self.device)
+        splits = self._tensor_splits()
+        self.link = StageLink(prev_rank, next_rank, device=self.device, **splits)
         # eval_batch's outputs carry no gradient, so its transfers describe themselves apart:
         # sharing one description, an eval after a train_batch looked like a changed shape
-        self.eval_link = StageLink(prev_rank, next_rank, device=self.device)
+        self.eval_link = StageLink(prev_rank, next_rank, device=self.device, **splits)
         self.last_stage_rank = self.grid.stage_to_global(self.num_stages - 1)
         self.pipe_group = self.grid.get_pipe_parallel_group()
         self.data_iterator = None
@@ -67,6 +69,19 @@ class PipelineEngine(DeepSpeedEngine):
         self._batch_started = None
         if self.training_dataloader is not None:
             self.set_dataiterator(iter(RepeatingLoader(self.training_dataloader)))
+
+    def _tensor_splits(self):
+        """The config's ``pipeline.pipe_partitioned`` / ``grad_partitioned``: with tensor
+        parallelism in a stage, activations / their gradients cross stage boundaries split over
+        the stage's tensor-parallel ranks (without it there is nothing to split over)."""
+        size = self.grid.get_slice_parallel_world_size()
+        if size == 1:
+            return {}
+        split = TensorSplit(self.grid.get_slice_parallel_group(), size,
+                            self.grid.get_slice_parallel_rank())
+        section = self.config.section("pipeline") or PipelineConfig()
+        return {"activations": split if section.pipe_partitioned else None,
+                "grads": split if section.grad_partitioned else None}
 
     # ------------------------------------------------------------------ closed to the user
     def forward(self, *args, **kwargs):

@@ -57,6 +57,13 @@ def _local_rank(world_size):
         raise
 
 
+def _check_default(key, value, argument, given, default):
+    """A config key may only fill in a PipelineModule argument left at its default."""
+    if given != default:
+        raise ValueError(f"the config's pipeline.{key} ({value!r}) contradicts the "
+                         f"PipelineModule's {argument}={given!r}; set one of them")
+
+
 class PipelineModule(nn.Module):
     """A sequence of layers partitioned over ``num_stages`` pipeline stages (or the ``pipe`` axis
     of ``topology``); see the module docstring. Attributes the engine uses: ``stage_id``,
@@ -68,8 +75,6 @@ class PipelineModule(nn.Module):
                  activation_checkpoint_func=checkpointing.checkpoint, checkpointable_layers=None,
                  dynamic_shape=False):
         super().__init__()
-        if num_stages is None and topology is None:
-            raise RuntimeError("must provide num_stages or topology")
         if checkpointable_layers is not None:
             assert isinstance(checkpointable_layers, list), (
                 f"checkpointable_layers must be a list of layer class names, got "
@@ -99,7 +104,18 @@ class PipelineModule(nn.Module):
 
         self._layer_specs = self._check_layers(layers)
         self._num_layers = len(self._layer_specs)
+        self.forward_funcs = []
+        self.fwd_map: Dict[str, int] = {}
+        self.tied_modules = nn.ModuleDict()
+        self.tied_weight_attrs: Dict[str, List[str]] = {}
+        self.tied_comms = {}
+        self._topo = self._grid_obj = None
+        if num_stages is not None or topology is not None:
+            self._lay_out(num_stages, topology)
+        # else: the config's pipeline.stages lays it out at deepspeed.initialize (pipeline_config)
 
+    def _lay_out(self, num_stages, topology):
+        """Place this rank in the pipeline's topology, then build its stage's layers."""
         self.global_rank, self.world_size = _rank_and_world()
         self.local_rank = _local_rank(self.world_size)
         self._topo = self._make_topology(num_stages, topology)
@@ -109,21 +125,62 @@ class PipelineModule(nn.Module):
         # the grid builds process groups (collective): only with a process group up; a
         # single-process module builds it on first use (see the `_grid` property)
         self._grid_obj = PipelineParallelGrid(self._topo) if dist.is_initialized() else None
+        self._build_stage()
 
-        self.parts = partition_layers(self._layer_specs, self.num_stages, partition_method)
+    def _build_stage(self):
+        """Partition the layers over the stages and build this stage's (again, when the
+        pipeline section changes the partition or the seeding of a module built already)."""
+        for name in self.fwd_map:
+            self._modules.pop(name, None)
+        self.forward_funcs, self.fwd_map = [], {}
+        self.tied_modules, self.tied_weight_attrs = nn.ModuleDict(), {}
+        self.parts = partition_layers(self._layer_specs, self.num_stages, self.partition_method)
         self._local_start = self.parts[self.stage_id]
         self._local_stop = self.parts[self.stage_id + 1]
         self._log_partition()
-
-        self.forward_funcs = []
-        self.fwd_map: Dict[str, int] = {}
-        self.tied_modules = nn.ModuleDict()
-        self.tied_weight_attrs: Dict[str, List[str]] = {}
         self._build()
         self.to(get_accelerator().device_name(self.local_rank))
 
         self.tied_comms = self._index_tied_modules()
         self._synchronize_tied_weights()
+
+    def is_laid_out(self):
+        """False for a module built without ``num_stages`` / ``topology`` until
+        ``deepspeed.initialize`` lays it out by the config's ``pipeline.stages``."""
+        return self._topo is not None
+
+    def apply_pipeline_config(self, stages="auto", partition="best", seed_layers=False,
+                              activation_checkpoint_interval=0):
+        """Apply the config's ``pipeline`` section (``deepspeed.initialize`` calls it before
+        the engine exists). A key left at its default leaves the module's argument in charge;
+        a key set applies where the argument was left at its default (and lays out a module
+        built without ``num_stages`` / ``topology``); a key contradicting an argument given is
+        a ValueError naming both. Returns True when the stage's layers were (re)built."""
+        rebuild = False
+        if seed_layers and not self.seed_layers:
+            self.seed_layers = rebuild = True
+        if partition != "best" and partition != self.partition_method:
+            _check_default("partition", partition, "partition_method", self.partition_method,
+                           "parameters")
+            self.partition_method, rebuild = partition, True
+        if activation_checkpoint_interval:
+            _check_default("activation_checkpoint_interval", activation_checkpoint_interval,
+                           "activation_checkpoint_interval", self.activation_checkpoint_interval,
+                           0)
+            self.activation_checkpoint_interval = activation_checkpoint_interval
+        if not self.is_laid_out():
+            if stages == "auto":
+                raise RuntimeError("must provide num_stages or topology to PipelineModule, or "
+                                   "set the config's pipeline.stages")
+            self._lay_out(stages, None)
+            return True
+        if stages != "auto" and stages != self.num_stages:
+            raise ValueError(f"the config's pipeline.stages ({stages}) contradicts the "
+                             f"PipelineModule's {self.num_stages} stages (num_stages / "
+                             f"topology); set one of them")
+        if rebuild:
+            self._build_stage()
+        return rebuild
 
     # ------------------------------------------------------------------------- construction
     @staticmethod
@@ -336,6 +393,10 @@ class PipelineModule(nn.Module):
     @property
     def _grid(self):
         if self._grid_obj is None:
+            if not self.is_laid_out():
+                raise RuntimeError("this PipelineModule has no stages yet: pass num_stages or "
+                                   "topology, or hand it to deepspeed.initialize with the "
+                                   "config's pipeline.stages")
             if not dist.is_initialized():
                 raise RuntimeError("the pipeline grid needs a process group: call "
                                    "deepspeed.init_distributed() first")

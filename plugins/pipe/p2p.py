@@ -10,7 +10,16 @@ change only after ``PipelineEngine.reset_activation_shape()`` on every rank.
 
 Everything goes through ``deepspeed.comm`` blocking ``send`` / ``recv`` between global ranks;
 the schedules pair every send with a receive in the same step, so blocking cannot deadlock.
+
+With tensor parallelism inside a stage, every tensor-parallel rank of a stage holds the same
+activation and sends it to its peer (same tensor slice) on the next stage. A ``TensorSplit``
+(the config's ``pipeline.pipe_partitioned`` / ``grad_partitioned``) makes each send only its
+``1/tp`` share of every floating-point tensor; the receiving stage all-gathers the shares over
+its own tensor-parallel group. ``sent_bytes`` counts what this rank sent.
 """
+from dataclasses import dataclass
+
+
 import torch
 
 from deepspeed import comm as dist
@@ -65,12 +74,70 @@ def _wire(tensor):
     return tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
 
 
-class StageLink:
-    """This rank's transfers to the previous and next stage of its pipeline."""
+@dataclass(frozen=True)
+class TensorSplit:
+    """A stage's tensor-parallel ranks (``group`` of ``size``, this one ``rank``) each carry a
+    ``1/size`` share of what crosses the stage boundary."""
 
-    def __init__(self, prev_rank=None, next_rank=None, device="cpu"):
+    group: object
+    size: int
+    rank: int
+
+    def share(self, tensor):
+        """This rank's share of ``tensor`` (flattened, zero-padded to ``size`` equal parts)."""
+        flat = tensor.reshape(-1)
+        part = -(-flat.numel() // self.size)
+        padded = torch.zeros(part * self.size, dtype=flat.dtype, device=flat.device)
+        padded[:flat.numel()] = flat
+        return padded[self.rank * part:(self.rank + 1) * part]
+
+    def share_like(self, shape, dtype, device):
+        """An empty buffer for one share of a tensor of ``shape``."""
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        return torch.empty(-(-numel // self.size), dtype=dtype, device=device)
+
+    def gather(self, share, shape):
+        """The whole tensor from every rank's ``share`` (collective over ``group``)."""
+        whole = torch.empty(share.numel() * self.size, dtype=share.dtype, device=share.device)
+        dist.all_gather_into_tensor(whole, share, group=self.group)
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        return whole[:numel].view(shape)
+
+
+def _splits(tensor, split):
+    return split is not None and tensor.is_floating_point()
+
+
+class StageLink:
+    """This rank's transfers to the previous and next stage of its pipeline; ``activations`` /
+    ``grads``: the ``TensorSplit`` each direction travels in, None to send whole tensors."""
+
+    def __init__(self, prev_rank=None, next_rank=None, device="cpu", activations=None,
+                 grads=None):
         self.prev_rank, self.next_rank, self.device = prev_rank, next_rank, device
+        self.activation_split, self.grad_split = activations, grads
+        self.sent_bytes = 0
         self.reset()
+
+    def _send(self, tensor, dst, split):
+        wire = _wire(tensor)
+        if _splits(wire, split):
+            wire = split.share(wire)
+        self.sent_bytes += wire.numel() * wire.element_size()
+        dist.send(wire, dst)
+
+    def _recv(self, shape, dtype, src, split):
+        if split is not None and dtype.is_floating_point:
+            share = split.share_like(shape, dtype, self.device)
+            dist.recv(share, src)
+            return split.gather(share, shape)
+        buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        dist.recv(buffer, src)
+        return buffer
 
     def reset(self):
         """Forget the descriptions: the next transfer in each direction describes itself."""
@@ -92,7 +159,7 @@ class StageLink:
                 f"engine.reset_activation_shape() on every rank when shapes change (e.g. a new "
                 f"sequence length)")
         for tensor in _as_tuple(value)[0]:
-            dist.send(_wire(tensor), self.next_rank)
+            self._send(tensor, self.next_rank, self.activation_split)
 
     def recv_activations(self):
         """The previous stage's output, as fresh tensors; floating ones that carried a gradient
@@ -107,8 +174,7 @@ class StageLink:
         tensors = []
         for dtype, shape, requires_grad in items:
             wire_dtype = torch.uint8 if dtype == torch.bool else dtype
-            buffer = torch.empty(shape, dtype=wire_dtype, device=self.device)
-            dist.recv(buffer, self.prev_rank)
+            buffer = self._recv(shape, wire_dtype, self.prev_rank, self.activation_split)
             tensor = buffer.to(dtype) if dtype == torch.bool else buffer
             tensors.append(tensor.requires_grad_(requires_grad))
         return tuple(tensors) if is_tuple else tensors[0]
@@ -120,7 +186,7 @@ class StageLink:
         for tensor in _as_tuple(received)[0]:
             if tensor.requires_grad:
                 grad = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
-                dist.send(_wire(grad), self.prev_rank)
+                self._send(grad, self.prev_rank, self.grad_split)
 
     def recv_grads(self, outputs):
         """Gradients for this stage's ``outputs`` from the next stage: a list aligned with the
@@ -128,9 +194,8 @@ class StageLink:
         grads = []
         for tensor in _as_tuple(outputs)[0]:
             if tensor.requires_grad and tensor.is_floating_point():
-                grad = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-                dist.recv(grad, self.next_rank)
-                grads.append(grad)
+                grads.append(self._recv(tuple(tensor.shape), tensor.dtype, self.next_rank,
+                                        self.grad_split))
         return grads
 
 

@@ -4,7 +4,10 @@ Enabled by the model, not the config: ``deepspeed.initialize`` asks every instal
 ``deepspeed_engine_for_model`` and this one answers for a ``PipelineModule`` (or a wrapper
 exposing one as ``.wrapped``) with its engine class and the module's process grid, which
 then also sizes the config's batch arithmetic (data-parallel size = world / stages). It owns
-the ``pipeline`` config section, whose keys the module's arguments decide.
+the ``pipeline`` config section: ``stages``, ``partition``, ``seed_layers`` and
+``activation_checkpoint_interval`` fill in the module's arguments left at their defaults
+(``PipelineModule.apply_pipeline_config``); ``pipe_partitioned`` / ``grad_partitioned`` split
+what crosses a stage boundary over the stage's tensor-parallel ranks (``p2p``).
 
 Checkpoints: ``save_checkpoint`` writes each layer into ``layer_XX-model_states.pt`` (global
 layer index; data-parallel rank 0 of each stage writes its layers) and each stage's
@@ -61,6 +64,17 @@ def universal_names(engine):
                     (int(getattr(param, MEGATRON_DIM, 0)), parts, index))
 
 
+def pipeline_section(config):
+    """The config's ``pipeline`` section validated (errors name the key, as the whole
+    config's validation would), or its defaults."""
+    from deepspeed.config.validation import validate_config
+
+    raw = config.get("pipeline")
+    if raw is None:
+        return PipelineConfig()
+    return validate_config({"pipeline": raw}, {"pipeline": PipelineConfig})[1]["pipeline"]
+
+
 class PipePlugin(DeepSpeedPlugin):
     config_sections = {"pipeline": PipelineConfig}
     enabled_by = "a PipelineModule passed to deepspeed.initialize"
@@ -69,11 +83,19 @@ class PipePlugin(DeepSpeedPlugin):
         return False  # only through deepspeed_engine_for_model
 
     @hookimpl
-    def deepspeed_engine_for_model(self, model):
+    def deepspeed_engine_for_model(self, model, config):
         module = _pipeline_module(model)
         if module is None:
             return None
         from deepspeed.pipe.engine import PipelineEngine
+
+        # the section lays the module out before the engine (and the batch arithmetic, which
+        # needs its data-parallel size) exists; validated here with the model's own rules
+        section = pipeline_section(config)
+        module.apply_pipeline_config(stages=section.stages, partition=section.partition,
+                                     seed_layers=section.seed_layers,
+                                     activation_checkpoint_interval=(
+                                         section.activation_checkpoint_interval))
 
         return EngineChoice(engine_class=PipelineEngine, mpu=module.mpu())
 

@@ -258,7 +258,31 @@ def from_transformers(name_or_dict, seq_len: int = 2048) -> ModelSpec:
 
     Every figure is ``a + b * layers``; the one- and two-layer models give ``a`` and ``b``.
     Parameter order is the first layer's repeated, between what precedes and follows it.
+    A preset or config dict is described once per machine (``spec_cache``): later plans of it
+    need neither ``transformers`` nor a trace.
     """
+    values = PRESETS.get(name_or_dict) if isinstance(name_or_dict, str) else name_or_dict
+    if isinstance(values, dict):
+        from deepspeed.plan.spec_cache import cached_spec
+
+        name = name_or_dict if isinstance(name_or_dict, str) else values.get("model_type")
+        return cached_spec({"name": name, **values}, seq_len,
+                           lambda: _trace_transformers(name_or_dict, seq_len), ModelSpec,
+                           _tracing_sources())
+    return _trace_transformers(name_or_dict, seq_len)
+
+
+def _tracing_sources():
+    """The files whose code decides a traced description: this module and the flops profiler."""
+    import inspect
+    from pathlib import Path
+
+    from deepspeed.profiling import FlopsProfiler
+
+    return (Path(__file__), *sorted(Path(inspect.getfile(FlopsProfiler)).parent.glob("*.py")))
+
+
+def _trace_transformers(name_or_dict, seq_len):
     config = hf_config(name_or_dict)
     layers = config.num_hidden_layers
     figures = []

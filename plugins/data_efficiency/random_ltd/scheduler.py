@@ -4,6 +4,9 @@ count training consumed (the cost random-LTD saves).
     r(t) = min(max, floor(t / require_steps * (max - min) + min) rounded down to seq_per_step)
     per step: global_batch * (r * ltd_layers + max * (total_layers - ltd_layers)) layer tokens
 
+With ``layer_token_lr_schedule`` the learning rate follows the consumed layer tokens
+(``layer_token_lr_factor``).
+
 Upstream: ``deepspeed.runtime.data_pipeline.data_routing.scheduler``.
 """
 import math
@@ -13,6 +16,17 @@ import torch
 
 def consumed_layer_tokens(global_batch, reserved, max_value, ltd_layers, total_layers):
     return global_batch * (reserved * ltd_layers + max_value * (total_layers - ltd_layers))
+
+
+def layer_token_lr_factor(tokens, schedule):
+    """The fraction of the peak learning rate after ``tokens`` consumed layer tokens
+    (``schedule``: a ``layer_token_lr_schedule`` section): linear warmup, then cosine decay to 0
+    at ``total_layer_token``."""
+    warmup, total = schedule.warmup_layer_token, schedule.total_layer_token
+    if tokens < warmup:
+        return tokens / warmup
+    progress = min(1.0, (tokens - warmup) / (total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class RandomLTDScheduler:

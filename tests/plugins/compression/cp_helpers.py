@@ -1,4 +1,7 @@
 """Small models and configs shared by the compression tests (no downloads)."""
+import contextlib
+import logging
+
 import torch
 
 
@@ -43,3 +46,21 @@ def group(modules, related=None, **params):
     if related is not None:
         out["related_modules"] = related
     return out
+
+
+@contextlib.contextmanager
+def logged_lines():
+    """The messages DeepSpeed's logger emits (INFO and up) inside the block, as a list."""
+    from deepspeed.utils.logging import logger
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

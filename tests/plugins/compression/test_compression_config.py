@@ -52,9 +52,9 @@ def test_moq_tutorial_config_loads(tmp_path):
 def test_keys_without_effect_are_warned(caplog):
     reset_without_effect_warnings()
     with caplog.at_level(logging.WARNING):
-        _config({"quantize_training": {"enabled": True, "eigenvalue": {"enabled": True}}})
-    assert any("quantize_training.eigenvalue.enabled" in r.getMessage() and
-               "not implemented" in r.getMessage() for r in caplog.records)
+        _config({"quantize_training": {"enabled": True, "quantizer_kernel": True}})
+    assert any("quantize_training.quantizer_kernel" in r.getMessage() and
+               "no CUDA quantizer kernel" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("bad, key", [

@@ -5,7 +5,7 @@ per-step log line (``quantize_verbose``)."""
 import logging
 
 import torch
-from cp_helpers import group, section
+from cp_helpers import group, logged_lines, section
 
 from deepspeed.compression.compress import init_compression
 from deepspeed.compression.config import QuantizeTrainingConfig
@@ -79,15 +79,8 @@ def test_moq_type_rounding_and_groups():
 
 def _moq_engine(verbose):
     import deepspeed
-    from deepspeed.utils.logging import logger
 
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with logged_lines() as lines:
         model = torch.nn.Linear(8, 4)
         engine, *_ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(),
@@ -97,9 +90,6 @@ def _moq_engine(verbose):
         engine.backward(engine(torch.randn(2, 8)).sum())
         engine.step()
         engine.destroy()
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     return [line for line in lines if "MoQ step" in line]
 
 

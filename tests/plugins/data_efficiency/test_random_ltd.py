@@ -2,6 +2,7 @@
 import copy
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -187,3 +188,49 @@ def test_engine_random_ltd_on_2_ranks(tmp_path):
         global_batch = 4  # 2 per rank x 2 ranks
         assert tokens == sum(global_batch * (r * 2 + 32 * 2) for r in schedule)
         assert restored == (tokens, schedule[-1])
+
+
+LR_SCHEDULE = {"enabled": True, "warmup_layer_token": 300, "total_layer_token": 700}
+
+
+def _layer_token_lr(steps):
+    import deepspeed
+
+    model = Tiny()
+    ltd = ltd_config().model_dump()
+    ltd["layer_token_lr_schedule"] = LR_SCHEDULE
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10 ** 6,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
+              "data_efficiency": {"enabled": True, "data_routing": {
+                  "enabled": True, "random_ltd": ltd}}}
+    engine, optimizer, *_ = deepspeed.initialize(model=model, config=config,
+                                                 model_parameters=model.parameters())
+    convert_to_random_ltd(engine, Layer)
+    torch.manual_seed(1)
+    seen = []
+    for _ in range(steps):
+        engine.backward(engine(torch.randn(2, SEQ, WIDTH)))
+        engine.step()
+        seen.append((engine.random_ltd_scheduler.consumed_layer_tokens,
+                     optimizer.param_groups[0]["lr"]))
+    engine.destroy()
+    return seen
+
+
+def test_layer_token_lr_schedule_follows_consumed_tokens(dist_pool):
+    [seen] = dist_pool.run(_layer_token_lr, world_size=1, args=(4, ))
+    tokens = [t for t, _ in seen]
+    assert tokens == [160, 336, 528, 736]  # 2 x (r * 2 + 32 * 2), r = 8, 12, 16, 20
+    warmup, total = LR_SCHEDULE["warmup_layer_token"], LR_SCHEDULE["total_layer_token"]
+    expected = [0.01 * 160 / warmup]  # linear warmup, then cosine decay to 0 at the total
+    expected += [0.01 * 0.5 * (1 + math.cos(math.pi * min(1, (t - warmup) / (total - warmup))))
+                 for t in tokens[1:]]
+    assert [lr for _, lr in seen] == [pytest.approx(lr, abs=1e-12) for lr in expected]
+    assert seen[-1][1] == 0.0
+
+
+def test_layer_token_lr_schedule_needs_a_total_above_the_warmup():
+    from deepspeed.data_efficiency.config import LayerTokenLRScheduleConfig
+
+    with pytest.raises(ValueError, match="total_layer_token"):
+        LayerTokenLRScheduleConfig(enabled=True, warmup_layer_token=10)

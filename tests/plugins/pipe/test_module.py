@@ -118,7 +118,7 @@ def test_partition_errors():
 
 def test_construction_errors():
     with pytest.raises(RuntimeError, match="must provide num_stages or topology"):
-        PipelineModule([nn.Linear(2, 2)])
+        PipelineModule([nn.Linear(2, 2)]).apply_pipeline_config()  # nor pipeline.stages
     with pytest.raises(RuntimeError, match=r"num_stages \(2\).*world size \(1\)"):
         PipelineModule([nn.Linear(2, 2)], num_stages=2)
     with pytest.raises(RuntimeError, match=r"\(2\).*\(1\)"):
