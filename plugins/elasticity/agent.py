@@ -22,6 +22,11 @@ from deepspeed.utils.logging import logger
 
 MAX_RESTARTS_ENV = "DS_ELASTIC_MAX_RESTARTS"  # restarts after failures (default 10)
 LAST_CALL_ENV = "DS_ELASTIC_LAST_CALL_TIMEOUT"  # s to wait for more nodes once min joined (2)
+# s between a node's rendezvous heartbeats (1); a node silent for KEEP_ALIVE_ATTEMPTS of them is
+# dead. torch's 5 s x 3 kept the survivors of a dead node waiting 15 s before re-forming the
+# group; the heartbeat comes from the agent's own thread, not the busy worker, so 1 s x 5 is safe
+KEEP_ALIVE_ENV = "DS_ELASTIC_KEEP_ALIVE_INTERVAL"
+KEEP_ALIVE_ATTEMPTS = 5
 
 
 def _int_env(name, default):
@@ -56,7 +61,9 @@ def elastic_plan(args):
         raise ValueError(f"--max_elastic_nodes ({max_nodes}) is smaller than "
                          f"--min_elastic_nodes ({min_nodes})")
     master_addr = args.master_addr or (hosts[0] if len(hosts) > 1 else "127.0.0.1")
-    rdzv_configs = {"last_call_timeout": _int_env(LAST_CALL_ENV, 2), "join_timeout": 900}
+    rdzv_configs = {"last_call_timeout": _int_env(LAST_CALL_ENV, 2), "join_timeout": 900,
+                    "keep_alive_interval": _int_env(KEEP_ALIVE_ENV, 1),
+                    "keep_alive_max_attempt": KEEP_ALIVE_ATTEMPTS}
     backend = "c10d"
     min_time_s = min_time_from_args(args.user_args)  # elasticity.min_time, as seconds
     if min_time_s > 0:  # c10d, holding waiting nodes back for min_time after each start

@@ -3,7 +3,7 @@
 Where the test may create network namespaces (root, `ip netns` available), every node is its own
 namespace with its own address on a private bridge (10.x.y.1, 10.x.y.2; the launching machine is
 10.x.y.254), its own `/etc/hosts` (so the machine's hostname resolves to the node's address, as on
-a real cluster) and an `eth0`. Otherwise the nodes are the loopback addresses 127.0.0.2 and
+a real cluster), its own `/etc/resolv.conf` (a name server that answers at once) and an `eth0`. Otherwise the nodes are the loopback addresses 127.0.0.2 and
 127.0.0.3 of this machine. Either way the hostfile names the nodes by address.
 
 `ssh`, `srun` (and `pdsh` when the real one is not installed) are put on PATH as shims from
@@ -103,6 +103,11 @@ class FakeCluster:
                 peers = "".join(f"{peer} dsnode{j}\n" for j, peer in enumerate(self.hosts) if peer != host)
                 (etc / "hosts").write_text(f"127.0.0.1 localhost\n{host} {hostname}\n{peers}"
                                            f"{self.controller} dslauncher\n")
+                # and its own resolver: the machine's name server is not reachable from a node,
+                # so every lookup /etc/hosts cannot answer (c10d's reverse lookup of each
+                # IPv6-mapped peer address on connect) would wait 2 x 5 s for DNS to time out;
+                # on 127.0.0.1, where nothing listens, it is refused at once
+                (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
                 _run("ip", "netns", "add", ns)
                 self.namespaces[host] = ns
                 _run("ip", "link", "add", outer, "type", "veth", "peer", "name", f"{prefix}v{i}")

@@ -1,8 +1,10 @@
 """A launch of the `deepspeed` command onto a FakeCluster, watched from the test.
 
-`Job` owns one working directory: the hostfile, a `.deepspeed_env` that carries DS_ACCELERATOR=cpu
-and a unique DS_TEST_JOB tag to every worker (the documented way variables reach remote nodes),
-the probe, and the output of every command it starts. The tag finds the job's worker processes
+`Job` owns one working directory: the hostfile, a `.deepspeed_env` that carries DS_ACCELERATOR=cpu,
+a unique DS_TEST_JOB tag and OMP_NUM_THREADS=1 to every worker (the documented way variables reach
+remote nodes; the fake nodes share this machine's cores, and a rank per node spinning one thread
+per core made the srun form's demo steps ~10x slower), the probe, and the output of every command
+it starts. The tag finds the job's worker processes
 on any node, so a test can kill one rank and check that none outlives the job.
 """
 import json
@@ -32,7 +34,8 @@ class Job:
         self.workdir, self.cluster, self.port = workdir, cluster, port
         self.tag = uuid.uuid4().hex
         # .deepspeed_env is how variables reach remote nodes; workers are CPU processes here
-        (workdir / ".deepspeed_env").write_text(f"DS_ACCELERATOR=cpu\nDS_TEST_JOB={self.tag}\n")
+        (workdir / ".deepspeed_env").write_text(
+            f"DS_ACCELERATOR=cpu\nDS_TEST_JOB={self.tag}\nOMP_NUM_THREADS=1\n")
         (workdir / "out").mkdir()
         shutil.copy(os.path.join(HERE, "node_probe_script.py"), workdir / "node_probe.py")
         self.env = cluster.env(env)

@@ -31,7 +31,8 @@ def test_missing_plugin_is_named(flag, feature, monkeypatch, capsys):
             f"(it runs {feature})") in err
 
 
-def test_elastic_dry_run_prints_the_rendezvous_plan(capsys):
+def test_elastic_dry_run_prints_the_rendezvous_plan(capsys, monkeypatch):
+    monkeypatch.setenv("DS_ELASTIC_KEEP_ALIVE_INTERVAL", "3")
     status = runner.main(["--elastic_training", "--dry_run", "--num_gpus", "2", "--no_ssh",
                           "--node_rank", "0", "--max_elastic_nodes", "3", "--master_port",
                           "29123", "train.py", "--steps", "4"])
@@ -40,4 +41,6 @@ def test_elastic_dry_run_prints_the_rendezvous_plan(capsys):
     assert "'min_nodes': 1, 'max_nodes': 3, 'nproc_per_node': 2" in out
     assert "'rdzv_backend': 'c10d', 'rdzv_endpoint': '127.0.0.1:29123'" in out
     assert "'is_host': True" in out
+    # a dead node is noticed after 5 missed heartbeats, at the interval the variable sets
+    assert "'keep_alive_interval': 3, 'keep_alive_max_attempt': 5" in out
     assert "train.py --local_rank=${local_rank} --steps 4" in out
