@@ -2,9 +2,10 @@
 
 `Job` owns one working directory: the hostfile, a `.deepspeed_env` that carries DS_ACCELERATOR=cpu,
 a unique DS_TEST_JOB tag and OMP_NUM_THREADS=1 to every worker (the documented way variables reach
-remote nodes; the fake nodes share this machine's cores, and a rank per node spinning one thread
-per core made the srun form's demo steps ~10x slower), the probe, and the output of every command
-it starts. The tag finds the job's worker processes
+remote nodes; every fake node sees all of this machine's cores, so the launchers' per-node share,
+cores / ranks on the node, would still give each node's rank every core, and two ranks spinning
+one thread per core made the srun form's demo steps ~10x slower), the probe, and the output of
+every command it starts. The tag finds the job's worker processes
 on any node, so a test can kill one rank and check that none outlives the job.
 """
 import json

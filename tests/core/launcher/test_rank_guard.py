@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from deepspeed.launcher.rank_guard import rank_of
+from deepspeed.launcher.rank_guard import rank_of, thread_share
 
 GUARD = [sys.executable, "-m", "deepspeed.launcher.rank_guard", "--"]
 
@@ -29,6 +29,27 @@ def _env(**extra):
 ])
 def test_rank_comes_from_the_launchers_variable(env, expected):
     assert rank_of(env) == expected
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"MPI_LOCALNRANKS": "2"}, "4"),                      # MPICH / Intel MPI
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, "2"),           # Open MPI: 8 // 3
+    ({"SLURM_NTASKS_PER_NODE": "16"}, "1"),               # never below one
+    ({"LOCAL_SIZE": "1", "MPI_LOCALNRANKS": "8"}, "8"),   # the deepspeed runner's own first
+    ({"MPI_LOCALNRANKS": "2", "OMP_NUM_THREADS": "6"}, None),  # the user's setting wins
+    ({}, None),                                            # node's rank count unknown
+])
+def test_each_rank_gets_its_share_of_the_cores(env, expected):
+    assert thread_share(env, cores=8) == expected
+
+
+def test_the_worker_runs_with_its_thread_share():
+    env = _env(PMI_RANK="0", MPI_LOCALNRANKS=str(len(os.sched_getaffinity(0))))
+    env.pop("OMP_NUM_THREADS", None)
+    result = subprocess.run(GUARD + [sys.executable, "-c",
+                                     "import os; print(os.environ['OMP_NUM_THREADS'])"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == "1\n", result.stderr
 
 
 def test_success_passes_output_and_status_through():
