@@ -262,7 +262,8 @@ class CoreConfig(DeepSpeedConfigModel):
 
     # what each key does here (see deepspeed.config.model); sections say it for their own keys
     tested_by = {
-        "train_batch_size": ENGINE + "test_data_parallel_matches_single_process_reference",
+        "train_batch_size": "tests/core/config/test_config_batch.py::"
+                            "test_train_batch_size_sets_the_accumulation_steps",
         "train_micro_batch_size_per_gpu": REPORTS + "test_sparse_gradients_with_prescaling_and_"
                                                     "a_communication_dtype",
         "gradient_accumulation_steps": ENGINE + "test_data_parallel_matches_single_process_"

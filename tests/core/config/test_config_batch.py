@@ -97,3 +97,11 @@ def test_batch_error_names_the_config_file(tmp_path):
     with pytest.raises(DeepSpeedConfigError) as info:
         DeepSpeedConfig(path, world_size=2)
     assert str(path) in str(info.value)
+
+
+def test_train_batch_size_sets_the_accumulation_steps():
+    """The key's own effect: with the micro-batch given, train_batch_size decides how many
+    micro-batches one optimizer step accumulates."""
+    config = DeepSpeedConfig({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4},
+                             world_size=2)
+    assert config.gradient_accumulation_steps == 3 and config.train_batch_size == 24
