@@ -43,6 +43,12 @@ def zero_section(source):
     if not isinstance(override, bool):
         raise ValueError(f"zero_optimization.override_module_apply must be true or false, got "
                          f"{override!r}")
+    # read through the section's model, as the engine reads every key: one validation, and a
+    # tool that resets a validated key (tools/spec/verify_key_effects.py) reaches Init too
+    from deepspeed.zero.config import DeepSpeedZeroConfig
+
+    override = DeepSpeedZeroConfig.model_validate(
+        {"override_module_apply": override}).override_module_apply
     return {"dtype": dtype,
             "offload_device": str(offload.get("device", "none")).lower(),
             "offload_param_section": offload,
