@@ -8,6 +8,7 @@ from deepspeed.utils.lazy_exports import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "MoE": "deepspeed.moe.layer",
+    "capacity": "deepspeed.moe.gating",
     "ensure_expert_groups": "deepspeed.moe.groups",
 })
-__all__ = ["MoE", "ensure_expert_groups"]
+__all__ = ["MoE", "capacity", "ensure_expert_groups"]

@@ -134,7 +134,7 @@ def expert_slots(spec: ModelSpec, tokens: int) -> int:
     """Slots the gate gives all experts of a layer for ``tokens`` tokens: ``capacity`` each,
     ``max(ceil(tokens / experts * k * capacity_factor), min_capacity)`` (top-2 doubles the
     factor), whatever number of tokens was routed (the empty slots travel too)."""
-    from deepspeed.moe.gating import capacity
+    from deepspeed.moe import capacity
 
     factor = spec.capacity_factor * spec.experts_per_token
     return spec.num_experts * capacity(tokens, spec.num_experts, factor, spec.min_capacity)

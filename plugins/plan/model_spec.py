@@ -186,7 +186,7 @@ def moe_facts(module: torch.nn.Module) -> dict:
     when it has none): experts per layer, top-k, the gate's capacity, which parameters are
     experts. Build the module with ``ep_size=1`` for planning: every expert is then present,
     the layer runs no collective, and the planner divides the experts by the layout's ``ep``."""
-    from deepspeed.moe.layer import MoE
+    from deepspeed.moe import MoE
 
     layers = [m for m in module.modules() if isinstance(m, MoE)]
     if not layers:
