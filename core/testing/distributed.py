@@ -24,6 +24,7 @@ import functools
 import multiprocessing
 import os
 import pickle
+import random
 import shutil
 import socket
 import tempfile
@@ -62,7 +63,36 @@ class DistributedTimeoutError(DistributedTestError):
     """No rank failed, but some did not finish within the timeout."""
 
 
+# Rendezvous ports are drawn below the kernel's ephemeral range, from this range's start.
+_PORT_FLOOR = 10000
+_PICK = random.SystemRandom()  # not the `random` module's state, which tests seed
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: the IANA dynamic range
+        return 49152
+
+
 def find_free_port() -> int:
+    """A TCP port free now on 127.0.0.1, for a rendezvous that a process started later binds.
+
+    Drawn at random below the kernel's ephemeral range: a port the kernel hands out itself
+    (bind to port 0) comes from the range every outgoing connection draws from too, so on a
+    loaded machine running other multi-rank jobs another process took it between this check
+    and the launched rank's bind (EADDRINUSE in CI). Falls back to the kernel's choice when
+    nothing below the range is free."""
+    floor = _ephemeral_floor()
+    for _ in range(64 if floor - _PORT_FLOOR > 1000 else 0):
+        port = _PICK.randrange(_PORT_FLOOR, floor)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

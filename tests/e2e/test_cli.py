@@ -2,12 +2,13 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from deepspeed.testing.distributed import find_free_port
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -15,9 +16,7 @@ BIN = Path(sys.executable).parent
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return find_free_port()
 
 
 def script(name):

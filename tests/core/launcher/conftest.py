@@ -2,12 +2,13 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from deepspeed.testing.distributed import find_free_port
 
 HERE = Path(__file__).parent
 # variables that would change what the launcher does if inherited from the developer's shell
@@ -17,9 +18,7 @@ SCRUBBED_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "DS_ENV_FILE", "MASTE
 
 @pytest.fixture
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return find_free_port()
 
 
 @pytest.fixture

@@ -5,22 +5,17 @@ world size, each restart resumes from the latest checkpoint, and the final weigh
 PyTorch training on the same global batches (every step's batch is seeded by its number)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import torch
 
+from deepspeed.testing.distributed import find_free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCRIPT = os.path.join(REPO, "examples", "elasticity", "train.py")
 STEPS = 24
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node(tmp_path, port, node_rank, name):
@@ -85,7 +80,7 @@ def _reference_weights():
 
 
 def test_two_one_two_workers(tmp_path):
-    port = _free_port()
+    port = find_free_port()
     a = _node(tmp_path, port, 0, "node_a")
     b = _node(tmp_path, port, 1, "node_b")
     procs = [a, b]

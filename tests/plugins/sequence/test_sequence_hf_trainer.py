@@ -5,12 +5,13 @@ of plain single-process training on the same sequence."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from deepspeed.testing.distributed import find_free_port
 
 pytest.importorskip("transformers", reason="transformers is a dev extra")
 pytest.importorskip("accelerate", reason="accelerate is a dev extra")
@@ -20,16 +21,10 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "examples" / "sequence" / "hf_trainer_alst.py"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_trainer_with_accelerate_sp_equals_single_process(tmp_path):
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
     assert launcher, "the deepspeed console script is not installed"
-    proc = subprocess.run([launcher, "--num_gpus", "2", "--master_port", str(_free_port()),
+    proc = subprocess.run([launcher, "--num_gpus", "2", "--master_port", str(find_free_port()),
                            str(SCRIPT), str(tmp_path)], capture_output=True, text=True,
                           timeout=500, cwd=ROOT, env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -5,13 +5,14 @@ reloads with ``from_pretrained`` at full size and gives the trained model's logi
 ``examples/tensor_parallel`` script runs under the same launcher."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from deepspeed.testing.distributed import find_free_port
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -22,12 +23,6 @@ ROOT = HERE.parents[2]
 SCRIPT = str(HERE / "scripts" / "hf_trainer_autotp.py")
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(cmd):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -35,7 +30,7 @@ def _run(cmd):
 
 def test_hf_trainer_autotp_trains_saves_and_reloads(tmp_path):
     launcher = str(Path(sys.executable).parent / "deepspeed")
-    _run([launcher, "--num_gpus", "2", "--master_port", str(_port()), SCRIPT,
+    _run([launcher, "--num_gpus", "2", "--master_port", str(find_free_port()), SCRIPT,
           str(tmp_path / "tp")])
     _run([sys.executable, SCRIPT, str(tmp_path / "ref"), "reference"])
     result = json.loads((tmp_path / "tp" / "result.json").read_text())
@@ -52,7 +47,7 @@ def test_hf_trainer_autotp_trains_saves_and_reloads(tmp_path):
 
 def test_example_trains_on_two_processes():
     launcher = str(Path(sys.executable).parent / "deepspeed")
-    proc = subprocess.run([launcher, "--num_gpus", "2", "--master_port", str(_port()),
+    proc = subprocess.run([launcher, "--num_gpus", "2", "--master_port", str(find_free_port()),
                            "examples/tensor_parallel/train.py", "--tp", "2", "--steps", "40"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     out = proc.stdout + proc.stderr

@@ -3,20 +3,15 @@ processes as 2 "nodes" x 2, and the MixZ++ (LoRA) variant on 2. The script exits
 unless the loss fell."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from deepspeed.testing.distributed import find_free_port
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("procs, flags, expect", [
@@ -25,7 +20,7 @@ def _free_port():
 ], ids=["zeropp-hpz", "mixz"])
 def test_the_example_trains(procs, flags, expect):
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
-    cmd = [launcher, "--num_gpus", str(procs), "--master_port", str(_free_port()),
+    cmd = [launcher, "--num_gpus", str(procs), "--master_port", str(find_free_port()),
            "examples/zeropp/train.py", "--steps", "40", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT,
                           env=dict(os.environ))
