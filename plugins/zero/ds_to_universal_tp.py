@@ -8,7 +8,9 @@ the torch optimizer state), then the ``tp`` parts of a stage become one *stage p
 parameter its model states list under ``param_slices`` (``deepspeed.hooks.
 UNIVERSAL_CHECKPOINT_SLICE``: ``[dim, parts, index]``) is the concatenation of the ranks'
 pieces along ``dim`` in index order; any other is replicated and taken from tensor rank 0.
-Loading cuts each rank's piece again for whatever tensor-parallel size it runs at.
+Frozen parameters are joined the same way (``write_frozen``): each rank's piece is its module
+weight, or under ZeRO-3 its merged shards. Loading cuts each rank's piece again for whatever
+tensor-parallel size it runs at.
 """
 import os
 from collections import OrderedDict
