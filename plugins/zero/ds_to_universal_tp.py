@@ -76,7 +76,7 @@ def join_stage(parts, all_states, stage, tp):
             shape[dim] = sum(int(p["groups"][index][name][dim]) for p in parts)
             whole[name] = shape
         groups.append(whole)
-    frozen = [n for n in all_states[stage * tp].get("frozen_param_shapes") or {}]
+    frozen = list(all_states[stage * tp].get("frozen_param_shapes") or {})
     return {**{k: first[k] for k in ("state_keys", "scalars", "hyper", "zero_stage",
                                       "dp_world_size")},
             "groups": groups, "slices": {n: s[0] for n, s in slices[0].items()},
