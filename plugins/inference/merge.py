@@ -16,7 +16,10 @@ projection computing ``q, k, v = qkv(x).chunk(3, -1)``, from the per-rank layout
 - ``1``: ``[heads_r, head_dim, 3]`` (q, k and v interleaved row by row);
 - ``2`` and ``3``: ``[heads_r, 3, head_dim]`` (per head, its q, k and v rows).
 
-Versions 1-3 need the head count: the model's own (``num_attention_heads``, ``num_heads``,
+A model laid out per head instead (``config.model_type`` bloom, gpt_neox, gpt_neox_japanese,
+persimmon: its attention views the output as ``(..., heads, 3, head_dim)``) gets
+``[heads, 3, head_dim]`` back, and its TP split is a plain row split (whole heads per rank).
+Versions 1-3 and per-head models need the head count: the model's own (``num_attention_heads``, ``num_heads``,
 ``n_head`` or ``n_heads`` on the module holding ``query_key_value`` or an ancestor, or on their
 ``config``); another version is refused, naming it. With such a checkpoint and ``tp_size`` > 1
 the model's ``query_key_value`` Linears are split as fused (``deepspeed.tensor_parallel.
@@ -59,6 +62,9 @@ FUSED_QKV = "query_key_value"
 # a [3, heads_r, head_dim] view ("b": the q/k/v block, "h": head, "d": row within the head)
 MEGATRON_QKV_LAYOUTS = {0: "bhd", 1: "hdb", 2: "hbd", 3: "hbd"}
 HEAD_COUNT_NAMES = ("num_attention_heads", "num_heads", "n_head", "n_heads")
+# models whose fused projection is laid out per head ([heads, 3, head_dim]: the attention views
+# its output as (..., heads, 3, head_dim)) rather than [q; k; v] over all heads
+PER_HEAD_QKV_MODEL_TYPES = ("bloom", "gpt_neox", "gpt_neox_japanese", "persimmon")
 
 
 def fused_qkv_plan(descriptor, model, where):
@@ -68,7 +74,8 @@ def fused_qkv_plan(descriptor, model, where):
     (``"fused_qkv"``: each rank's ``[q_r; k_r; v_r]``, version 0's layout); empty for any
     other descriptor. Call before the model is split (its head counts are the whole model's)."""
     if descriptor.get("parallelization") == "tp":
-        return {key: (MEGATRON_QKV_LAYOUTS[0], None) for key in descriptor.get("fused_qkv", ())}
+        return {key: (MEGATRON_QKV_LAYOUTS[0], None, "bhd")
+                for key in descriptor.get("fused_qkv", ())}
     fused = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] == FUSED_QKV]
     if descriptor.get("type") != "Megatron" or not fused:
         return {}
@@ -82,18 +89,28 @@ def fused_qkv_plan(descriptor, model, where):
                          f"version whose query_key_value layout this build knows; known: "
                          f"{sorted(MEGATRON_QKV_LAYOUTS)}")
     layout = MEGATRON_QKV_LAYOUTS[int(version)]
+    target = "hbd" if _per_head_model(model) else "bhd"
     plan = {}
     for name, module in fused:
-        heads = None if layout == "bhd" else _head_count(model, name, where, raw)
+        per_head = layout != "bhd" or target != "bhd"
+        heads = _head_count(model, name, where, raw) if per_head else None
         for key, _ in module.named_parameters(prefix=name, recurse=False):
-            plan[key] = (layout, heads)
+            plan[key] = (layout, heads, target)
     return plan
+
+
+def _per_head_model(model):
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) in PER_HEAD_QKV_MODEL_TYPES
 
 
 def mark_fused_qkv(model, plan):
     """Mark the Linears whose weights ``plan`` reorders as fused ``[q; k; v]``
-    (``FUSED_BLOCKS``), so a tensor-parallel split gives each rank its heads' rows of each."""
-    for key in plan:
+    (``FUSED_BLOCKS``), so a tensor-parallel split gives each rank its heads' rows of each
+    (a per-head layout needs no mark: a plain row split gives each rank whole heads)."""
+    for key, (_layout, _heads, target) in plan.items():
+        if target != "bhd":
+            continue
         owner = model.get_submodule(key.rsplit(".", 1)[0])
         if isinstance(owner, torch.nn.Linear):
             setattr(owner, FUSED_BLOCKS, 3)
@@ -114,14 +131,15 @@ def _head_count(model, name, where, version):
                      f"the checkpoint to version 0")
 
 
-def join_fused_qkv(key, pieces, layout, heads, files):
+def join_fused_qkv(key, pieces, layout, heads, target, files):
     """Megatron ranks' ``query_key_value`` pieces (rows in ``layout``, see
-    ``MEGATRON_QKV_LAYOUTS``) as one tensor ``[q (all heads); k (all heads); v (all heads)]``."""
+    ``MEGATRON_QKV_LAYOUTS``) as one tensor in the model's ``target`` layout: ``"bhd"``
+    (``[q (all heads); k (all heads); v (all heads)]``) or ``"hbd"`` (per head)."""
     blocks = []
     for piece in pieces:
         rows, rest = piece.shape[0], list(piece.shape[1:])
-        heads_r = 1 if layout == "bhd" else heads // len(pieces)
-        if layout != "bhd" and heads % len(pieces):
+        heads_r = 1 if heads is None else heads // len(pieces)
+        if heads is not None and heads % len(pieces):
             raise MergeError(f"checkpoint tensor {key!r}: {heads} heads do not split over the "
                              f"{len(pieces)} ranks of {files}")
         if rows % (3 * heads_r):
@@ -131,7 +149,11 @@ def join_fused_qkv(key, pieces, layout, heads, files):
         view = piece.reshape([sizes[a] for a in layout] + rest)
         order = [layout.index(a) for a in "bhd"] + list(range(3, 3 + len(rest)))
         blocks.append(view.permute(order).reshape([3, -1] + rest))
-    return torch.cat(blocks, dim=1).reshape([-1] + list(pieces[0].shape[1:]))
+    whole = torch.cat(blocks, dim=1)  # [3, heads x head_dim, ...]
+    if target == "hbd":
+        rest = list(pieces[0].shape[1:])
+        whole = whole.reshape([3, heads, -1] + rest).transpose(0, 1)
+    return whole.reshape([-1] + list(pieces[0].shape[1:]))
 
 
 def merged_tensors(files, read, shapes, fused=None):

@@ -146,3 +146,49 @@ def test_unknown_megatron_version_is_refused(megatron, tmp_path):
     descriptor.update(version=4.0, base_dir=os.path.dirname(descriptors[0]))
     with pytest.raises(ValueError, match="\"version\": 4.0 .* known: \\[0, 1, 2, 3\\]"):
         deepspeed.init_inference(Tiny(seed=9), dtype=torch.float, checkpoint=descriptor)
+
+
+class PerHeadAttention(Attention):
+    """BLOOM / GPT-NeoX style: the fused output viewed as (..., heads, 3, head_dim)."""
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        fused = self.query_key_value(x).view(batch, seq, self.num_heads, 3, -1)
+        q, k, v = (fused[..., i, :].transpose(1, 2) for i in range(3))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.dense(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class PerHeadTiny(Tiny):
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.config = type("Config", (), {"model_type": "bloom"})()
+        for layer in self.layers:
+            attention = PerHeadAttention()
+            attention.load_state_dict(layer.self_attention.state_dict())
+            layer.self_attention = attention
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_a_per_head_model_gets_its_own_layout(version, tmp_path):
+    """A model laid out per head (``model_type`` bloom) gets ``[heads, 3, head_dim]`` back,
+    whatever layout the Megatron version stored; joined as ``[q; k; v]`` it would be wrong."""
+    import deepspeed
+
+    reference = PerHeadTiny(0)
+    as_blocks = {k: (v.reshape([HEADS, 3, -1] + list(v.shape[1:])).transpose(0, 1)
+                     .reshape(v.shape) if "query_key_value" in k else v)
+                 for k, v in reference.state_dict().items()}
+    names = []
+    for rank in range(2):
+        name = f"mp_rank_{rank:02d}/model_optim_rng.pt"
+        (tmp_path / name).parent.mkdir()
+        torch.save(_megatron_rank(as_blocks, version, 2, rank), tmp_path / name)
+        names.append(name)
+    descriptor = {"type": "Megatron", "version": float(version), "checkpoints": names,
+                  "base_dir": str(tmp_path)}
+    x = torch.randn(2, SEQ, HIDDEN, generator=torch.Generator().manual_seed(1))
+    engine = deepspeed.init_inference(PerHeadTiny(seed=9), dtype=torch.float,
+                                      checkpoint=descriptor)
+    with torch.no_grad():
+        torch.testing.assert_close(engine(x), reference(x), rtol=0, atol=1e-6)
