@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from deepspeed.testing.distributed import run_distributed
+from rank_errors import error_of
 from zero_models import (ds_config, make_model, param_groups, reference, reference_phases,
                          train)
 
@@ -228,28 +229,18 @@ def test_mics_init_partitions_in_shard_groups_and_trains():
             torch.testing.assert_close(params[name], want[name], rtol=1e-5, atol=1e-6)
 
 
-def _refusal(build, *args, **kwargs):
-    """The message ``build(*args, **kwargs)`` raises on this rank (None if it does not raise). Caught in
-    the rank, not in the test process: a rank that raises makes the pool kill and restart its
-    four processes (~3 CPU s each) for the next test."""
-    try:
-        build(*args, **kwargs)
-    except Exception as exc:  # the test matches the message against what it expects
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
 def _init_mismatch(built_by_mics_init):
+    """The refusal's message on each rank (``error_of``: the 4-rank pool stays warm)."""
     import deepspeed
 
     if built_by_mics_init:  # shard size 2, and the engine's config asks for none
         with deepspeed.zero.MiCS_Init(config_dict_or_path=ds_config(3, 1, mics_shard_size=2),
                                       dtype=torch.float32):
             model = make_model()
-        return _refusal(_engine, 3, 1, model)
+        return error_of(_engine, 3, 1, model)
     with deepspeed.zero.Init(config_dict_or_path=ds_config(3, 1), dtype=torch.float32):
         model = make_model()
-    return _refusal(_engine, 3, 1, model, mics_shard_size=2)
+    return error_of(_engine, 3, 1, model, mics_shard_size=2)
 
 
 def _assert_every_rank_refused(messages, pattern):
@@ -296,7 +287,7 @@ def test_hierarchical_gather_is_two_hops_with_the_same_result():
 
 # ---------------------------------------------------------------------- refusals
 def _refused(zero, stage=3):
-    return _refusal(_engine, stage, 1, None, **zero)
+    return error_of(_engine, stage, 1, None, **zero)
 
 
 @pytest.mark.parametrize("zero,stage,message", [
