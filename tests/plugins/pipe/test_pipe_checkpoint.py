@@ -327,38 +327,6 @@ def _expected(results):
     return expected
 
 
-@pytest.mark.parametrize("source_zero,world,zero", [(0, 1, 0), (1, 3, 2), (1, 2, 1)])
-def test_ds_to_universal_pipeline_loads_into_a_flat_engine(dist_pool, tmp_path, source_zero,
-                                                            world, zero):
-    from deepspeed.checkpoint.ds_to_universal import convert
-    from deepspeed.checkpoint.universal import load_param_state, read_info
-
-    expected = _expected(dist_pool.run(_pipe_save_for_universal, world_size=4,
-                                       args=(str(tmp_path / "pipe"), source_zero, False)))
-    out = convert(str(tmp_path / "pipe"), str(tmp_path / "universal"), num_extract_workers=1,
-                  num_merge_workers=1)
-    info = read_info(out)
-    assert info["source"]["pipeline_stages"] == 2
-    assert info["source"]["zero_stage"] == source_zero and info["source"]["dp_world_size"] == 2
-    assert len(info["group_params"]) == 1  # the stages' groups merged, as one stage has them
-    assert set(info["group_params"][0]) == set(expected)
-    assert sorted(info["state_keys"][0]) == sorted(MOMENTS)
-    for name, values in expected.items():
-        for key, want in values.items():
-            assert torch.equal(load_param_state(out, name, key), want), (name, key)
-    module = load_file(os.path.join(out, "mp_rank_00_model_states.pt"))["module"]
-    assert set(module) == set(expected) and "pipeline_stages" not in load_file(
-        os.path.join(out, "mp_rank_00_model_states.pt"))
-
-    for loaded, weights, steps in dist_pool.run(_load_universal_flat, world_size=world,
-                                                args=(str(tmp_path / "universal"), zero)):
-        assert steps == 2 and set(loaded) == set(expected)
-        for name, values in expected.items():
-            assert torch.equal(weights[name], values["fp32"]), name
-            for key, want in values.items():
-                assert torch.equal(loaded[name][key], want), (name, key)
-
-
 @pytest.mark.parametrize("zero", [0, 1])
 def test_ds_to_universal_pipeline_tied_weights_once(dist_pool, tmp_path, zero):
     from deepspeed.checkpoint.ds_to_universal import main
@@ -408,3 +376,54 @@ def test_load_universal_of_a_pipeline_checkpoint_names_the_conversion(dist_pool,
     messages = dist_pool.run(_universal_into_pipeline, world_size=2, args=(str(tmp_path),))
     assert all(m and "is not a universal checkpoint" in m and "load_universal" in m
                for m in messages)
+
+
+# Last in the file and in this order: the flat loads run on 1, 2 and 3 ranks next to the 4-rank
+# saves, and the pool keeps two world sizes warm; after the 2-rank tests above, the 2-rank load
+# and both saves find their pools warm, and only the 1- and 3-rank pools start (three starts
+# before). Each source (ZeRO stage) is saved and converted once for the loads that read it.
+@pytest.fixture(scope="module")
+def universal_source(dist_pool, tmp_path_factory):
+    from deepspeed.checkpoint.ds_to_universal import convert
+
+    made = {}
+
+    def source(zero):
+        if zero not in made:
+            root = tmp_path_factory.mktemp(f"pipe_universal_zero{zero}")
+            expected = _expected(dist_pool.run(_pipe_save_for_universal, world_size=4,
+                                               args=(str(root / "pipe"), zero, False)))
+            out = convert(str(root / "pipe"), str(root / "universal"), num_extract_workers=1,
+                          num_merge_workers=1)
+            made[zero] = root, expected, out
+        return made[zero]
+
+    return source
+
+
+@pytest.mark.parametrize("source_zero,world,zero", [(1, 2, 1), (0, 1, 0), (1, 3, 2)])
+def test_ds_to_universal_pipeline_loads_into_a_flat_engine(dist_pool, universal_source,
+                                                            source_zero, world, zero):
+    from deepspeed.checkpoint.universal import load_param_state, read_info
+
+    root, expected, out = universal_source(source_zero)
+    info = read_info(out)
+    assert info["source"]["pipeline_stages"] == 2
+    assert info["source"]["zero_stage"] == source_zero and info["source"]["dp_world_size"] == 2
+    assert len(info["group_params"]) == 1  # the stages' groups merged, as one stage has them
+    assert set(info["group_params"][0]) == set(expected)
+    assert sorted(info["state_keys"][0]) == sorted(MOMENTS)
+    for name, values in expected.items():
+        for key, want in values.items():
+            assert torch.equal(load_param_state(out, name, key), want), (name, key)
+    module = load_file(os.path.join(out, "mp_rank_00_model_states.pt"))["module"]
+    assert set(module) == set(expected) and "pipeline_stages" not in load_file(
+        os.path.join(out, "mp_rank_00_model_states.pt"))
+
+    for loaded, weights, steps in dist_pool.run(_load_universal_flat, world_size=world,
+                                                args=(str(root / "universal"), zero)):
+        assert steps == 2 and set(loaded) == set(expected)
+        for name, values in expected.items():
+            assert torch.equal(weights[name], values["fp32"]), name
+            for key, want in values.items():
+                assert torch.equal(loaded[name][key], want), (name, key)

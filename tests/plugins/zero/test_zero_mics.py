@@ -3,12 +3,14 @@ shard size 1 is data parallelism, shard size 2 of 4 ranks trains like the single
 reference while every all-gather stays inside a shard group; checkpoints move between shard
 sizes; ``MiCS_Init``; the hierarchical two-hop gather; the refused combinations."""
 import os
+import re
 import sys
 
 import pytest
 import torch
 
 from deepspeed.testing.distributed import run_distributed
+from rank_errors import error_of
 from zero_models import (ds_config, make_model, param_groups, reference, reference_phases,
                          train)
 
@@ -228,16 +230,23 @@ def test_mics_init_partitions_in_shard_groups_and_trains():
 
 
 def _init_mismatch(built_by_mics_init):
+    """The refusal's message on each rank (``error_of``: the 4-rank pool stays warm)."""
     import deepspeed
 
     if built_by_mics_init:  # shard size 2, and the engine's config asks for none
         with deepspeed.zero.MiCS_Init(config_dict_or_path=ds_config(3, 1, mics_shard_size=2),
                                       dtype=torch.float32):
             model = make_model()
-        _engine(model=model)
+        return error_of(_engine, 3, 1, model)
     with deepspeed.zero.Init(config_dict_or_path=ds_config(3, 1), dtype=torch.float32):
         model = make_model()
-    _engine(model=model, mics_shard_size=2)
+    return error_of(_engine, 3, 1, model, mics_shard_size=2)
+
+
+def _assert_every_rank_refused(messages, pattern):
+    assert len(messages) == 4
+    for message in messages:
+        assert message is not None and re.search(pattern, message), messages
 
 
 @pytest.mark.parametrize("built_by_mics_init,message", [
@@ -245,8 +254,8 @@ def _init_mismatch(built_by_mics_init):
     (True, "partitioned by deepspeed.zero.MiCS_Init over ranks"),
 ])
 def test_a_model_partitioned_in_other_groups_is_refused(built_by_mics_init, message):
-    with pytest.raises(Exception, match=message):
-        run_distributed(_init_mismatch, world_size=4, args=(built_by_mics_init,))
+    _assert_every_rank_refused(
+        run_distributed(_init_mismatch, world_size=4, args=(built_by_mics_init,)), message)
 
 
 def test_mics_init_needs_a_config_with_a_shard_size():
@@ -278,7 +287,7 @@ def test_hierarchical_gather_is_two_hops_with_the_same_result():
 
 # ---------------------------------------------------------------------- refusals
 def _refused(zero, stage=3):
-    _engine(stage=stage, **zero)
+    return error_of(_engine, stage, 1, None, **zero)
 
 
 @pytest.mark.parametrize("zero,stage,message", [
@@ -291,8 +300,8 @@ def _refused(zero, stage=3):
      "nvme"),
 ])
 def test_combinations_that_cannot_work_are_refused_at_initialize(zero, stage, message):
-    with pytest.raises(Exception, match=message):
-        run_distributed(_refused, world_size=4, args=(zero, stage))
+    _assert_every_rank_refused(run_distributed(_refused, world_size=4, args=(zero, stage)),
+                               message)
 
 
 def _precision_pair(section):
