@@ -132,18 +132,14 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     check_ranks_agree(summaries, strict)
     first = summaries[0]
     groups = checked_groups(first, shapes, model_states, strict)
-    hyper = first["param_groups"]
+    # the expert groups' names (``ep_size_<n>``) are the saved layout's, not the loader's
+    hyper = moe.layout_free_hyper(first["param_groups"])
     if plan is not None:
-        moe.check_supported(model_states, first)
         groups = moe.global_groups(plan, first["layout"], groups)
         # the module with every expert (from their files), under the ep-1 model's names
-        model_states = dict(model_states)
-        fp32_script._with_moe_experts(checkpoint_dir, model_states)
+        model_states = moe.with_global_experts(checkpoint_dir, model_states, plan)
         model_states.pop(moe.MOE_STATE_KEY)
         model_states["param_shapes"] = [OrderedDict(g) for g in groups]
-        # the expert groups' names (``ep_size_<n>``) are the saved layout's, not the ep-1 one's
-        hyper = [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")}
-                 for h in hyper]
     sharded = frozen_shapes(model_states, first["frozen"])
     jobs = merge_jobs(groups, first["state_keys"], sharded, world, temp_dir, out_dir)
     frozen = OrderedDict(sharded)

@@ -1,6 +1,6 @@
 """Where an MoE checkpoint's expert partitions sit (``ds_to_universal`` for MoE): which split
 layer a ZeRO param group holds, the expert-data-parallel world and rank it was cut with, and
-the global names of its local experts, and what the conversion refuses. Plain data and
+the global names of its local experts. Plain data and
 arithmetic, shared by the extract phase (``ds_to_universal_phases``), the MoE conversion
 (``ds_to_universal_moe``) and a pipeline's (``ds_to_universal_pipeline``), importing none.
 """
@@ -48,17 +48,27 @@ def moe_plan(model_states, world):
     return plan
 
 
-def check_supported(model_states, first):
-    """Refuse what this conversion does not handle: ZeRO-3 and frozen experts."""
-    if int(first["zero_stage"]) >= 3:
-        raise CheckpointFormatError("MoE checkpoints saved with ZeRO-3 do not convert "
-                                    "(ZeRO-3 keeps the experts in its own shards)")
-    frozen = [n for n in (model_states.get("frozen_param_shapes") or {})
-              if EXPERTS_INFIX in n]
-    if frozen:
-        raise CheckpointFormatError(f"the MoE checkpoint has frozen expert parameters "
-                                    f"({frozen[:4]}); they do not convert yet — use "
-                                    f"zero_to_fp32 for the weights")
+def global_entries(plan, entries):
+    """A name-keyed mapping the model-states file records for its writer's local experts
+    (``frozen_param_shapes``, ``param_slices``) under the global names of every expert: the
+    writer (expert-data-parallel rank 0 of expert-parallel rank 0) holds local experts
+    ``0..num_local-1``; every expert-parallel rank holds the same parameters of its own experts,
+    so each local entry stands for ``ep_size`` global ones. Dense entries pass unchanged."""
+    out = OrderedDict()
+    for name, value in (entries or {}).items():
+        layer = layer_of(plan, name) if plan else None
+        if layer is None:
+            out[name] = value
+            continue
+        for ep_rank in range(layer["ep_size"]):
+            out[global_name(layer, name, ep_rank)] = value
+    return out
+
+
+def layout_free_hyper(hyper):
+    """The param groups' hyperparameters without the expert groups' names (``ep_size_<n>``:
+    the saved layout's, not the loading model's)."""
+    return [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")} for h in hyper]
 
 
 def layer_of(plan, name):

@@ -23,7 +23,7 @@ import torch
 from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import CheckpointFormatError, atomic_torch_save, load_file
 from deepspeed.checkpoint.layout import model_states_filename
-from deepspeed.zero import ds_to_universal_moe_plan as moe
+from deepspeed.zero import ds_to_universal_moe as moe
 from deepspeed.zero import ds_to_universal_tp as tensor_parallel
 from deepspeed.zero import zero_to_fp32 as fp32_script
 from deepspeed.zero.ds_to_universal_phases import (
@@ -31,6 +31,9 @@ from deepspeed.zero.ds_to_universal_phases import (
     frozen_shapes, merge_jobs, merge_param, param_shapes, pool_map, rank_world, saved_loss_scaler,
     universal_info, write_module_frozen)
 
+# an MoE rank's model states as saved (its writer's local expert names), kept next to the
+# renamed ones for reading the optimizer files saved without ZeRO (``moe.plain_part``)
+_SAVED_STATES = "_saved_model_states"
 _LAYER_FILE_RE = re.compile(r"^layer_(\d+)(?:-model_\d+)?-model_states\.pt$")
 
 
@@ -54,21 +57,16 @@ def _stage_states(checkpoint_dir, mp_rank, mp_world, tp, first):
                                         f"model-parallel ranks (pipeline stages x tensor "
                                         f"ranks) but lacks {os.path.basename(path)}")
         states = load_file(path)
-    states = dict(states)
+    states = saved = dict(states)
     if states.get("module") is None:
         states["module"] = fp32_script._pipeline_layer_entries(checkpoint_dir, states,
                                                                tensor_rank=mp_rank % tp)
     moe_state = states.get(moe.MOE_STATE_KEY)
-    if moe_state is not None:  # every expert of the stage, from the expert files
-        if moe_state.get("optimizer_files") or tp > 1:
-            raise CheckpointFormatError(
-                f"model-parallel rank {mp_rank} holds MoE layers "
-                + ("under tensor parallelism" if tp > 1 else
-                   "saved without ZeRO with experts split over ranks (optimizer state per "
-                   "expert-parallel rank)")
-                + "; inside a pipeline only ZeRO-1 checkpoints, or ones whose MoE layers "
-                  "have ep_size 1, convert")
-        fp32_script._with_moe_experts(checkpoint_dir, states, mp_rank)
+    if moe_state is not None:  # every expert of the rank, from its expert files
+        ranks = moe_state.get("data_parallel_ranks") or range(int(moe_state["world_size"]))
+        states = moe.with_global_experts(checkpoint_dir, states,
+                                         moe.moe_plan(states, len(ranks)), mp_rank)
+        states[_SAVED_STATES] = saved
     return states
 
 
@@ -93,10 +91,8 @@ def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, st
                                 where=f"pipeline stage {stage}: ")
         hyper = first["param_groups"]
         if plans[stage]:  # experts under their global ids (the ep-1 model's names)
-            moe.check_supported(states, first)
             groups = moe.global_groups(plans[stage], first["layout"], groups)
-            hyper = [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")}
-                     for h in hyper]
+            hyper = moe.layout_free_hyper(hyper)
         sharded = frozen_shapes(states, first["frozen"])
         whole_dir = out_dir or os.path.join(temps[stage], "whole")
         parts.append({"groups": groups, "state_keys": first["state_keys"],
@@ -284,7 +280,10 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
                                                strict, inject_missing_state)
     else:
         claimed = _claimed_layers(all_states)
-        parts = [_torch_stage_part(checkpoint_dir, states, s, claimed)
+        parts = [moe.plain_part(checkpoint_dir, states, states[_SAVED_STATES], s, strict,
+                                claimed)
+                 if (states.get(moe.MOE_STATE_KEY) or {}).get("optimizer_files") else
+                 _torch_stage_part(checkpoint_dir, states, s, claimed)
                  for s, states in enumerate(all_states)]
         loss_scaler = parts[0][1]
         parts = [p for p, _ in parts]
