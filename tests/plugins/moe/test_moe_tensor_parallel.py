@@ -283,3 +283,141 @@ def test_tp2_dp2_checkpoint_resumes_at_the_same_layout(dist_pool, tmp_path, ep_s
     results = dist_pool.run(_save_and_resume, world_size=4,
                             args=(str(tmp_path), ep_size, expert_tp))
     assert results == [(True, True)] * 4
+
+
+# ------------------------------------------------ ds_to_universal: MoE with TP-split dense layers
+class DenseTPMoEModel(nn.Module):
+    """``Linear(4, 16) -> tanh -> Linear(16, HIDDEN) -> MoE -> Linear(HIDDEN, 3)``; with a
+    tensor-parallel ``mpu`` the first two are split Megatron's way (column- then row-parallel,
+    ``deepspeed.tensor_parallel.layers``: each declares its piece for universal checkpoints).
+    The weights are the unsplit model's of ``manual_seed(seed)``, whatever the layout."""
+
+    def __init__(self, ep_size, seed, mpu=None):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        torch.manual_seed(seed)
+        self.inp, self.proj = nn.Linear(4, 16), nn.Linear(16, HIDDEN)
+        self.moe = MoE(HIDDEN, expert(), num_experts=4, ep_size=1, k=1, capacity_factor=1.0,
+                       min_capacity=2, use_rts=False, top2_2nd_expert_sampling=False)
+        self.out = nn.Linear(HIDDEN, 3)
+        if mpu is not None:
+            self._split(mpu)
+        if ep_size > 1:  # this rank's experts of the same weights
+            reference = self.moe.state_dict()
+            self.moe = MoE(HIDDEN, expert(), num_experts=4, ep_size=ep_size, k=1,
+                           capacity_factor=1.0, min_capacity=2, use_rts=False,
+                           top2_2nd_expert_sampling=False)
+            ep_rank = (mpu.dp_rank if mpu is not None else _rank()) % ep_size
+            load_layer(self.moe, reference, ep_rank, False, 1, 0)
+
+    def _split(self, mpu):
+        from deepspeed.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+        def piece(tensor, dim):
+            return nn.Parameter(tensor.detach().chunk(mpu.tp, dim)[mpu.tp_rank].clone())
+
+        self.inp = ColumnParallelLinear(piece(self.inp.weight, 0), piece(self.inp.bias, 0),
+                                        mpu.tp_group)
+        self.proj = RowParallelLinear(piece(self.proj.weight, 1),
+                                      nn.Parameter(self.proj.bias.detach().clone()),
+                                      mpu.tp_group)
+
+    def forward(self, x):
+        h, l_aux, _ = self.moe(self.proj(torch.tanh(self.inp(x))))
+        return self.out(h), l_aux
+
+
+def _rank():
+    import deepspeed.comm as dist
+
+    return dist.get_rank()
+
+
+def _dense_tp_engine(ep_size, stage, seed, mpu=None, universal=False):
+    import deepspeed
+
+    model = DenseTPMoEModel(ep_size, seed, mpu)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 6,
+              "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+              "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
+    if universal:
+        config["checkpoint"] = {"load_universal": True}
+    return deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
+                                config=config, mpu=mpu)[0]
+
+
+def _dp_mean_steps(engine, steps, dp_rank, dp_group, dp):
+    """One Adam step per global batch of ``steps`` (this data-parallel rank's micro-batch);
+    the data-parallel mean loss of each."""
+    import deepspeed.comm as dist
+
+    losses = []
+    for step in steps:
+        x, y = step[dp_rank][0]
+        loss = loss_of(engine, x, y)
+        engine.backward(loss)
+        engine.step()
+        summed = loss.detach().clone()
+        dist.all_reduce(summed, group=dp_group)
+        losses.append(summed.item() / dp)
+    return losses
+
+
+def _save_dense_tp(save_dir, stage):
+    """tp 2 x dp 2, ep 2: 2 steps, save, 2 more steps (the uninterrupted run's losses)."""
+    mpu = TinyMPU(TP)
+    engine = _dense_tp_engine(2, stage, 0, mpu)
+    data = global_batches(world=2, gas=1, steps=4)
+    _dp_mean_steps(engine, data[:2], mpu.dp_rank, mpu.dp_group, mpu.dp)
+    engine.save_checkpoint(save_dir, tag="t")
+    losses = _dp_mean_steps(engine, data[2:], mpu.dp_rank, mpu.dp_group, mpu.dp)
+    engine.destroy()
+    return losses
+
+
+def _resume_dense_tp(universal_dir, ep_size, stage):
+    """No tensor parallelism, dp 2, ``ep_size``: the universal checkpoint, then 2 steps."""
+    engine = _dense_tp_engine(ep_size, stage, 7, universal=True)
+    engine.load_checkpoint(universal_dir, tag="t")
+    steps = engine.global_steps
+    losses = _dp_mean_steps(engine, global_batches(world=2, gas=1, steps=4)[2:], _rank(), None,
+                            2)
+    engine.destroy()
+    return steps, losses
+
+
+@pytest.mark.parametrize("stage", [1, 0])
+def test_moe_with_tp_split_dense_layers_converts_and_resumes_without_tp(dist_pool, tmp_path,
+                                                                        stage):
+    """An ep-2 MoE model whose dense layers are split over 2 tensor ranks (dp 2; ZeRO-1, or
+    no ZeRO: optimizer files per expert-parallel rank and tensor rank) converts: the tensor
+    ranks' pieces joined, every expert under its global id; resumed without tensor parallelism
+    (ep 1 and ep 2 on 2 ranks, no ZeRO and ZeRO-2), the losses continue the uninterrupted
+    run's."""
+    from deepspeed.checkpoint import load_file
+    from deepspeed.checkpoint.ds_to_universal import convert
+    from deepspeed.checkpoint.universal import load_param_state, read_info
+
+    expected = dist_pool.run(_save_dense_tp, world_size=4, args=(str(tmp_path / "tp"), stage))
+    assert all(losses == expected[0] for losses in expected)
+    out = convert(str(tmp_path / "tp"), str(tmp_path / "universal"), num_extract_workers=1,
+                  num_merge_workers=1)
+    info = read_info(out)
+    assert info["source"]["tensor_parallel_size"] == 2
+    assert info["param_shapes"]["inp.weight"] == [16, 4]
+    assert info["param_shapes"]["proj.weight"] == [HIDDEN, 16]
+    experts = {n.split(PREFIX)[1].split(".")[0] for n in info["param_shapes"] if PREFIX in n}
+    assert experts == {"0", "1", "2", "3"}
+    pieces = [load_file(tmp_path / "tp" / "t" / f"mp_rank_0{t}_model_states.pt")
+              for t in range(2)]
+    for name, dim in (("inp.weight", 0), ("proj.weight", 1)):
+        assert [p["param_slices"][name] for p in pieces] == [[dim, 2, 0], [dim, 2, 1]]
+        assert torch.equal(load_param_state(out, name),
+                           torch.cat([p["module"][name] for p in pieces], dim))
+    for ep_size, target_stage in ((1, 0), (2, 2)):
+        for steps, losses in dist_pool.run(_resume_dense_tp, world_size=2,
+                                           args=(str(tmp_path / "universal"), ep_size,
+                                                 target_stage)):
+            assert steps == 2
+            assert losses == pytest.approx(expected[0], abs=1e-5, rel=0)
