@@ -37,13 +37,16 @@ are joined (``deepspeed.zero.ds_to_universal_tp``); loading cuts each rank's sli
 any tensor-parallel size.
 
 MoE checkpoints (``moe_checkpoint`` in the model-states file: experts in files of their own)
-convert too, saved with ZeRO 1/2 (expert param groups partitioned over their
-expert-data-parallel group) or without ZeRO (optimizer state per expert-parallel rank)
-(``deepspeed.zero.ds_to_universal_moe``): the result holds every expert under the global names
-of the model with ``ep_size`` 1, and loads into such a model. Inside a pipeline each stage's
-experts convert the same way (the layout records the stage's data-parallel ranks), saved with
-ZeRO-1 or with ``ep_size`` 1. ZeRO-3, frozen experts, MoE under tensor parallelism and a
-pipeline's experts split over ranks without ZeRO are refused.
+convert too (``deepspeed.zero.ds_to_universal_moe``), saved with ZeRO 1/2 (expert param groups
+partitioned over their expert-data-parallel group), with ZeRO-3 (``ep_size`` 1: the experts
+are ordinary parameters of its shards) or without ZeRO (optimizer state per expert-parallel
+rank), frozen experts included: the result holds every expert under the global names of the
+model with ``ep_size`` 1, and loads into such a model or at any other ``ep_size``. Inside a
+pipeline each stage's experts convert the same way (the layout records the stage's
+data-parallel ranks), with ZeRO-1 or without ZeRO; under tensor parallelism each tensor rank's
+experts do, replicated experts taken once (their ZeRO partitions, spread over every tensor
+rank's copies, joined) and tensor-parallel experts joined like any split parameter.
+"""
 """
 import argparse
 import os

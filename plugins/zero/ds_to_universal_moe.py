@@ -39,7 +39,8 @@ from deepspeed.checkpoint.atomic import CheckpointFormatError
 
 from deepspeed.zero.ds_to_universal_moe_plan import (  # noqa: F401  (re-exported)
     EXPERTS_INFIX, MOE_STATE_KEY, global_entries, layer_of, global_groups, global_name,
-    group_layer, group_placement, layout_free_hyper, moe_plan)
+    group_layer, group_placement, join_tensor_replicas, layout_free_hyper, moe_plan,
+    replica_jobs)
 
 PARAM_SLICES = "param_slices"
 

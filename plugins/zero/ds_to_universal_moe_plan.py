@@ -29,7 +29,7 @@ def moe_plan(model_states, world):
     plan = []
     for index, layer in enumerate(moe["layers"]):
         ep = int(layer["ep_size"])
-        if ep == 1:
+        if ep == 1 and int(layer.get("tensor_replicas", 1)) == 1:
             continue  # experts replicated like dense weights: global names already
         num_experts = int(layer["num_experts"])
         ep_ranks = list(layer.get("expert_parallel_ranks") or
@@ -44,8 +44,57 @@ def moe_plan(model_states, world):
         plan.append({"prefix": f"{name}.{EXPERTS_INFIX}" if name else EXPERTS_INFIX,
                      "ep_size": ep, "num_local": num_experts // ep,
                      "ep_ranks": [ep_ranks[r] for r in ranks],
-                     "edp_ranks": [edp_ranks[r] for r in ranks]})
+                     "edp_ranks": [edp_ranks[r] for r in ranks], "ranks": ranks,
+                     "tensor_replicas": int(layer.get("tensor_replicas", 1))})
     return plan
+
+
+def join_tensor_replicas(plans, tp, temps):
+    """Experts replicated over the ``tp`` tensor ranks of a stage (``tensor_replicas``) have
+    their param groups partitioned over the *replica* group: the ranks of every tensor rank
+    holding the same experts, in global-rank order (``deepspeed.moe.groups``). ``plans``: one
+    per model-parallel rank (``stage * tp + tensor rank``), ``temps``: their fragment folders.
+    Each such layer gets ``replica_world``, ``replica_ranks`` (the position of each of the
+    rank's files in its replica group) and ``fragments_dir`` (the stage's tensor rank 0's
+    folder, where every copy's fragments meet)."""
+    for first in range(0, len(plans), tp):
+        stage = plans[first:first + tp]
+        for index, layer in enumerate(stage[0] or ()):
+            if layer["tensor_replicas"] == 1:
+                continue
+            if layer["tensor_replicas"] != tp or any(
+                    len(p or ()) <= index or p[index]["prefix"] != layer["prefix"]
+                    for p in stage):
+                raise CheckpointFormatError(
+                    f"MoE layer '{layer['prefix']}' records experts replicated over "
+                    f"{layer['tensor_replicas']} tensor ranks, the checkpoint has {tp} with "
+                    f"other MoE layers on some of them; the files are from different saves")
+            copies = {}  # expert-parallel rank -> global ranks holding those experts
+            for entry in (p[index] for p in stage):
+                for rank, ep_rank in zip(entry["ranks"], entry["ep_ranks"]):
+                    copies.setdefault(ep_rank, []).append(rank)
+            for entry in (p[index] for p in stage):
+                groups = [sorted(copies[e]) for e in entry["ep_ranks"]]
+                entry.update(replica_world=len(groups[0]), fragments_dir=temps[first],
+                             replica_ranks=[g.index(r) for g, r in zip(groups, entry["ranks"])])
+    return plans
+
+
+def replica_jobs(plan, jobs, tensor_rank):
+    """A model-parallel rank's merge jobs (``name -> job``, see ``ds_to_universal_phases``)
+    for experts replicated over tensor ranks: tensor rank 0 merges them from the fragments of
+    the whole replica group, the others not at all (the copies are one tensor)."""
+    for name in list(jobs):
+        layer = layer_of(plan or (), name)
+        if layer is None or "replica_world" not in layer:
+            continue
+        if tensor_rank:
+            del jobs[name]
+        else:
+            job = list(jobs[name])
+            job[3] = layer["replica_world"]
+            jobs[name] = tuple(job)
+    return jobs
 
 
 def global_entries(plan, entries):
@@ -103,8 +152,21 @@ def group_placement(plan, described, world, rank):
     if layer is None:
         return world, rank, lambda name: name
     ep_rank = layer["ep_ranks"][rank]
+    if "replica_world" in layer:  # partitioned over the copies on every tensor rank
+        return (layer["replica_world"], layer["replica_ranks"][rank],
+                lambda name: global_name(layer, name, ep_rank))
     return (world // layer["ep_size"], layer["edp_ranks"][rank],
             lambda name: global_name(layer, name, ep_rank))
+
+
+def fragment_place(plan, described, rank, temp_dir):
+    """``(folder, file id)`` of one rank file's fragments of a described group: its own
+    folder and data-parallel rank, or for experts replicated over tensor ranks the folder
+    their copies share and the position in the replica group."""
+    layer = group_layer(plan, described) if plan else None
+    if layer is None or "replica_world" not in layer:
+        return temp_dir, rank
+    return layer["fragments_dir"], layer["replica_ranks"][rank]
 
 
 def global_groups(plan, layout, groups):

@@ -12,7 +12,9 @@ taken once, from the first), the param groups group by group: the universal chec
 the one a single-stage model with those names would have produced. A tensor-parallel
 checkpoint (pipeline or not) has one model-states file per model-parallel rank (``stage * tp +
 tensor rank``); each is read as a part and the tensor ranks of a stage joined first
-(``deepspeed.zero.ds_to_universal_tp``).
+(``deepspeed.zero.ds_to_universal_tp``). A rank with MoE layers has its experts read from their
+files under global names (``deepspeed.zero.ds_to_universal_moe``); saved without ZeRO with
+experts split over ranks, its part comes from its per-expert-set optimizer files.
 """
 import os
 import re
@@ -70,14 +72,16 @@ def _stage_states(checkpoint_dir, mp_rank, mp_world, tp, first):
     return states
 
 
-def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, strict, inject):
+def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, strict, inject,
+                      tp=1):
     """Per model-parallel rank: its groups, state keys, scalars, hyperparameters and merge
     jobs, after extracting every (model-parallel, data-parallel rank) file's fragments into
     ``tmp/stage_XX``. ``out_dir`` None: each rank's jobs write into ``tmp/stage_XX/whole``
     (its pieces of split parameters, joined afterwards)."""
     worlds = [rank_world(checkpoint_dir, strict, mp_rank=s) for s in range(len(all_states))]
     temps = [os.path.join(temp_dir, f"stage_{s:02d}") for s in range(len(all_states))]
-    plans = [moe.moe_plan(states, world) for states, world in zip(all_states, worlds)]
+    plans = moe.join_tensor_replicas([moe.moe_plan(states, world)
+                                      for states, world in zip(all_states, worlds)], tp, temps)
     summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s, plans[s])
                                         for s in range(len(all_states))
                                         for r in range(worlds[s])], workers,
@@ -99,8 +103,9 @@ def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, st
                       "scalars": first["optimizer_scalars"], "hyper": hyper,
                       "zero_stage": int(first["zero_stage"]), "dp_world_size": worlds[stage],
                       "sharded_frozen": sharded,
-                      "jobs": merge_jobs(groups, first["state_keys"], sharded, worlds[stage],
-                                         temps[stage], whole_dir), "whole_dir": whole_dir})
+                      "jobs": moe.replica_jobs(plans[stage], merge_jobs(
+                          groups, first["state_keys"], sharded, worlds[stage], temps[stage],
+                          whole_dir), stage % tp), "whole_dir": whole_dir})
     return parts, saved_loss_scaler(checkpoint_dir)
 
 
@@ -277,7 +282,7 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
     if zero:
         parts, loss_scaler = _zero_stage_parts(checkpoint_dir, all_states, temp_dir,
                                                out_dir if tp == 1 else None, extract_workers,
-                                               strict, inject_missing_state)
+                                               strict, inject_missing_state, tp)
     else:
         claimed = _claimed_layers(all_states)
         parts = [moe.plain_part(checkpoint_dir, states, states[_SAVED_STATES], s, strict,
