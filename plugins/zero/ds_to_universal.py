@@ -47,7 +47,6 @@ data-parallel ranks), with ZeRO-1 or without ZeRO; under tensor parallelism each
 experts do, replicated experts taken once (their ZeRO partitions, spread over every tensor
 rank's copies, joined) and tensor-parallel experts joined like any split parameter.
 """
-"""
 import argparse
 import os
 import sys
