@@ -124,18 +124,25 @@ def _rank_tables(layer):
     return tables
 
 
-def _replicas(layer):
-    """``{"tensor_replicas": tp}`` for experts replicated over ``tp`` > 1 tensor-parallel
-    ranks: their gradients are summed (and ZeRO partitions their param groups) over every
-    tensor rank's expert-data-parallel group joined (``deepspeed.moe.groups``'s expert replica
-    group), which offline tools must know to find the partitions."""
-    tp = int(getattr(layer.deepspeed_moe, "tp_size", 1) or 1)
-    return {"tensor_replicas": tp} if tp > 1 else {}
+def _tensor_layout(layer):
+    """How the layer's experts sit on ``tp`` > 1 tensor-parallel ranks, for offline tools:
+    ``{"tensor_replicas": tp}`` for replicated experts, whose gradients are summed (and ZeRO
+    partitions their param groups) over every tensor rank's expert-data-parallel group joined
+    (``deepspeed.moe.groups``'s expert replica group); ``{"tensor_parallel_experts": tp}`` for
+    tensor-parallel ones, whose split parameters declare their pieces (``param_slices``)."""
+    from deepspeed.moe.groups import tensor_dim
+
+    tp = int(topology.current().size(tensor_dim()))
+    if tp == 1:
+        return {}
+    return {"tensor_parallel_experts" if layer.enable_expert_tensor_parallelism
+            else "tensor_replicas": tp}
 
 
 def _layout(engine, layers, optimizer_files):
     return {"layers": [{"name": name, "num_experts": int(layer.num_experts),
-                        "ep_size": int(layer.ep_size), **_rank_tables(layer), **_replicas(layer)}
+                        "ep_size": int(layer.ep_size), **_rank_tables(layer),
+                        **_tensor_layout(layer)}
                        for name, layer in layers],
             "world_size": int(dist.get_world_size()),
             # the global ranks of this model-parallel slice's data-parallel group (a pipeline

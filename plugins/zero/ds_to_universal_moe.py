@@ -51,12 +51,32 @@ def with_global_experts(checkpoint_dir, states, plan, mp_rank=0):
     ``frozen_param_shapes`` / ``param_slices`` under the global names."""
     from deepspeed.zero import zero_to_fp32 as fp32_script
 
+    _check_tensor_parallel_experts(states, mp_rank)
     states = dict(states)
     fp32_script._with_moe_experts(checkpoint_dir, states, mp_rank)
     states["frozen_param_shapes"] = global_entries(plan, states.get("frozen_param_shapes"))
     if states.get(PARAM_SLICES):
         states[PARAM_SLICES] = global_entries(plan, states[PARAM_SLICES])
     return states
+
+
+def _check_tensor_parallel_experts(states, mp_rank):
+    """Tensor-parallel experts (``enable_expert_tensor_parallelism``) join like any split
+    parameter, by the pieces their model states declare (``param_slices``); a layer none of
+    whose expert parameters declares one would be taken from tensor rank 0 alone."""
+    slices = states.get(PARAM_SLICES) or {}
+    for index, layer in enumerate(states[MOE_STATE_KEY]["layers"]):
+        tp = int(layer.get("tensor_parallel_experts", 1))
+        prefix = f"{layer['name']}.{EXPERTS_INFIX}" if layer["name"] else EXPERTS_INFIX
+        if tp > 1 and not any(name.startswith(prefix) for name in slices):
+            raise CheckpointFormatError(
+                f"model-parallel rank {mp_rank}: MoE layer {index} ('{layer['name']}') has "
+                f"experts split over {tp} tensor-parallel ranks, but none of its parameters "
+                f"'{prefix}*' records its piece in '{PARAM_SLICES}', so the pieces cannot be "
+                f"joined; mark the split expert parameters with Megatron's "
+                f"tensor_model_parallel=True and partition_dim (or deepspeed.hooks."
+                f"UNIVERSAL_CHECKPOINT_SLICE) before saving, or use replicated experts "
+                f"(enable_expert_tensor_parallelism=False)")
 
 
 # ---------------------------------------------------------------------- without ZeRO

@@ -7,10 +7,10 @@ without ZeRO on 2 ranks (the optimizer state in one file per expert-parallel ran
 saved with ZeRO-3 (ep 1 on 2 ranks: the experts are ordinary parameters of its shards) and
 with frozen experts: the ZeRO-3 run's, the run without ZeRO's and one ep-2 ZeRO-2 run's
 experts' first biases have ``requires_grad=False`` (ZeRO-3 shards them; otherwise they are
-whole in the expert files and recorded under the writer's local names). Loaded into an expert-parallel engine (ep 2 on 2 ranks, ep 4
-on 4 ranks; without ZeRO and ZeRO-2), each rank holds its own experts' saved weights and
-moments, and the next two steps' losses are the original checkpoint's resumed at the layout it
-was saved with."""
+whole in the expert files and recorded under the writer's local names). Loaded into an
+expert-parallel engine (ep 2 on 2 ranks, ep 4 on 4 ranks; without ZeRO and ZeRO-2), each rank
+holds its own experts' saved weights and moments, and the next two steps' losses are the
+original checkpoint's resumed at the layout it was saved with."""
 import os
 import types
 
@@ -256,6 +256,48 @@ def test_expert_groups_are_cut_by_the_recorded_rank_tables():
     groups = global_groups(plan, [dense] + described,
                            [{"inp.weight": [8]}, {f"{EXPERTS_PREFIX}1.0.weight": [8]}])
     assert list(groups[1]) == [f"{EXPERTS_PREFIX}{e}.0.weight" for e in (1, 3)]
+
+
+def test_replicated_experts_are_cut_over_the_copies_on_every_tensor_rank(tmp_path):
+    """tp 2 x dp 2, ep 2, experts replicated over the tensor ranks (data-parallel groups
+    [0, 2] and [1, 3]): the expert groups are partitioned over the ranks holding a copy of
+    the same experts on either tensor rank ([0, 1] and [2, 3]), their fragments meet in
+    tensor rank 0's folder and only tensor rank 0 merges them."""
+    from deepspeed.zero.ds_to_universal_moe import (group_placement, join_tensor_replicas,
+                                                    moe_plan, replica_jobs)
+
+    layer = {"name": "moe", "num_experts": 4, "ep_size": 2, "tensor_replicas": 2,
+             "expert_parallel_ranks": [0, 0, 1, 1], "expert_data_parallel_ranks": [0] * 4}
+    plans = join_tensor_replicas(
+        [moe_plan({"moe_checkpoint": {"layers": [layer], "world_size": 4,
+                                      "data_parallel_ranks": ranks}}, 2)
+         for ranks in ([0, 2], [1, 3])], 2, [str(tmp_path / "t0"), str(tmp_path / "t1")])
+    described = [{"params": [f"{EXPERTS_PREFIX}1.0.weight"], "numels": [8], "padded": 8}]
+    for tensor_rank, plan in enumerate(plans):
+        assert plan[0]["fragments_dir"] == str(tmp_path / "t0")
+        for dp_rank in range(2):  # the replica group of ep rank e is [2e, 2e + 1]
+            world, rank, rename = group_placement(plan, described, 2, dp_rank)
+            assert (world, rank) == (2, tensor_rank)
+            global_id = 2 * dp_rank + 1  # local expert 1 of ep rank dp_rank
+            assert rename(f"{EXPERTS_PREFIX}1.0.weight") == f"{EXPERTS_PREFIX}{global_id}.0.weight"
+        jobs = replica_jobs(plan, {"inp.weight": ("inp.weight", [8], [], 2, "", "", False),
+                                   f"{EXPERTS_PREFIX}3.0.weight": (None, [8], [], 2, "", "",
+                                                                    False)}, tensor_rank)
+        assert {n: j[3] for n, j in jobs.items()} == (
+            {"inp.weight": 2, f"{EXPERTS_PREFIX}3.0.weight": 2} if tensor_rank == 0 else
+            {"inp.weight": 2})
+
+
+def test_tensor_parallel_experts_without_recorded_pieces_are_refused(tmp_path):
+    from deepspeed.checkpoint import CheckpointFormatError
+    from deepspeed.zero.ds_to_universal_moe import with_global_experts
+
+    states = {"moe_checkpoint": {"layers": [{"name": "moe", "num_experts": 4, "ep_size": 2,
+                                             "tensor_parallel_experts": 2}], "world_size": 4},
+              "module": {}, "param_slices": {"inp.weight": [0, 2, 1]}}
+    with pytest.raises(CheckpointFormatError, match=r"rank 1: MoE layer 0 \('moe'\) .* 2 "
+                                                    r"tensor-parallel ranks.*partition_dim"):
+        with_global_experts(tmp_path, states, [], mp_rank=1)
 
 
 # ---------------------------------------------------------------- into expert-parallel engines
