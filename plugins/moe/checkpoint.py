@@ -25,7 +25,9 @@ layout). It loads only at the layout it was saved with; another layout is refuse
 saved and current ``ep_size``s, and ``load_optimizer_states=False`` loads the weights. To
 change the layout with the optimizer state, convert with ``ds_to_universal``: its module
 weights hold every expert under the global id, which ``load_experts`` cuts to this rank's, and
-``name_experts_globally`` tells the universal loaders which tensors are this rank's.
+``name_experts_globally`` tells the universal loaders which tensors are this rank's. For it
+the layout records, per layer, each global rank's expert-parallel and expert-data-parallel
+rank and how the experts sit on tensor-parallel ranks (``_tensor_layout``).
 """
 import os
 import re

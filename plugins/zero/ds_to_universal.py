@@ -63,7 +63,7 @@ from deepspeed.zero.ds_to_universal_phases import (
     TEMP_DIRNAME, check_ranks_agree, checked_groups, extract_rank, finish, fresh_dirs,
     frozen_shapes, merge_jobs, merge_param, param_shapes, pool_map, rank_world, saved_loss_scaler,
     universal_info, write_module_frozen)
-from deepspeed.zero.ds_to_universal_pipeline import convert_pipeline
+from deepspeed.zero.ds_to_universal_pipeline import STAGE_IO, convert_pipeline
 
 
 def resolve_input(input_folder):
@@ -122,7 +122,7 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     moe_state = model_states.get(moe.MOE_STATE_KEY)
     if moe_state is not None and moe_state.get("optimizer_files"):  # no ZeRO, ep > 1
         return moe.convert_plain(checkpoint_dir, tag, output_folder, model_states, strict,
-                                 keep_temp_folder)
+                                 keep_temp_folder, STAGE_IO)
     shapes = param_shapes(model_states, inject_missing_state)
     world = rank_world(checkpoint_dir, strict)
     plan = moe.moe_plan(model_states, world)

@@ -118,19 +118,22 @@ def _renamed_part(plan, part, index):
     return part
 
 
-def plain_part(checkpoint_dir, states, local_states, mp_rank, strict, claimed=frozenset()):
+def plain_part(checkpoint_dir, states, local_states, mp_rank, strict, stage_io,
+               claimed=frozenset()):
     """``(part, loss_scaler)`` of model-parallel rank ``mp_rank`` of an MoE checkpoint saved
-    without ZeRO with experts split over ranks (a ``_torch_stage_part`` holding every expert
-    under its global name). ``states``: the rank's model states with every expert
-    (``with_global_experts``); ``local_states``: as saved (``param_shapes`` of the writer's
-    local experts). The torch optimizer state of the ranks holding each expert set is in
+    without ZeRO with experts split over ranks (a part as the pipeline conversion reads one
+    from a torch optimizer state, holding every expert under its global name). ``states``: the
+    rank's model states with every expert (``with_global_experts``); ``local_states``: as
+    saved (``param_shapes`` of the writer's local experts); ``stage_io``: the pipeline
+    conversion's ``(read a torch part, merge parts)`` functions, handed in because that module
+    imports this one. The torch optimizer state of the ranks holding each expert set is in
     ``expp_rank_<R>_mp_rank_XX_optim_states.pt`` (``R``: the lowest global rank among them),
     mapped to names through ``param_shapes`` (the same groups on every rank) and then to global
     expert ids through ``R``'s expert-parallel rank; the dense parameters (the same on every
     rank) come from the first file."""
     from deepspeed.checkpoint.atomic import load_file
-    from deepspeed.zero.ds_to_universal_pipeline import _merge_stages, _torch_stage_part
 
+    read_part, merge_parts = stage_io
     moe = states[MOE_STATE_KEY]
     ranks = [int(r) for r in moe.get("data_parallel_ranks") or range(int(moe["world_size"]))]
     plan = moe_plan(states, len(ranks))
@@ -149,10 +152,10 @@ def plain_part(checkpoint_dir, states, local_states, mp_rank, strict, claimed=fr
         saved = load_file(os.path.join(checkpoint_dir, name))
         rank_states = dict(local_states, module=_local_module(plan, states["module"], index),
                            optimizer=saved["optimizer"])
-        part, scaler = _torch_stage_part(checkpoint_dir, rank_states, mp_rank, claimed)
+        part, scaler = read_part(checkpoint_dir, rank_states, mp_rank, claimed)
         parts.append(_renamed_part(plan, part, index))
         loss_scaler = scaler if loss_scaler is None else loss_scaler
-    groups, owner, first = _merge_stages(parts, strict)
+    groups, owner, first = merge_parts(parts, strict)
     expected = {f"{layer['prefix']}{e}." for layer in plan
                 for e in range(layer["ep_size"] * layer["num_local"])}
     held = {p for n in owner for p in expected if n.startswith(p)}
@@ -166,7 +169,8 @@ def plain_part(checkpoint_dir, states, local_states, mp_rank, strict, claimed=fr
             "sharded_frozen": {}, "tensors": tensors}, loss_scaler
 
 
-def convert_plain(checkpoint_dir, tag, output_folder, model_states, strict, keep_temp_folder):
+def convert_plain(checkpoint_dir, tag, output_folder, model_states, strict, keep_temp_folder,
+                  stage_io):
     """``convert`` for an MoE checkpoint of one model-parallel rank saved without ZeRO with
     experts split over ranks (``plain_part``)."""
     from deepspeed.checkpoint import universal
@@ -178,7 +182,7 @@ def convert_plain(checkpoint_dir, tag, output_folder, model_states, strict, keep
     plan = moe_plan(model_states, len(moe.get("data_parallel_ranks") or
                                       range(int(moe["world_size"]))))
     whole = with_global_experts(checkpoint_dir, model_states, plan)
-    part, loss_scaler = plain_part(checkpoint_dir, whole, model_states, 0, strict)
+    part, loss_scaler = plain_part(checkpoint_dir, whole, model_states, 0, strict, stage_io)
     out_dir = os.path.join(output_folder, tag)
     fresh_dirs(out_dir, os.path.join(output_folder, TEMP_DIRNAME))
     for name, keys in part["tensors"].items():

@@ -1,8 +1,9 @@
 """Where an MoE checkpoint's expert partitions sit (``ds_to_universal`` for MoE): which split
-layer a ZeRO param group holds, the expert-data-parallel world and rank it was cut with, and
-the global names of its local experts. Plain data and
-arithmetic, shared by the extract phase (``ds_to_universal_phases``), the MoE conversion
-(``ds_to_universal_moe``) and a pipeline's (``ds_to_universal_pipeline``), importing none.
+layer a ZeRO param group holds, the expert-data-parallel world and rank it was cut with (for
+experts replicated over tensor ranks: the replica group's, whose fragments meet in one folder),
+and the global names of its local experts. Plain data and arithmetic, shared by the extract
+phase (``ds_to_universal_phases``), the MoE conversion (``ds_to_universal_moe``) and a
+pipeline's (``ds_to_universal_pipeline``), importing none.
 """
 from collections import OrderedDict
 

@@ -250,6 +250,11 @@ def _merge_stages(parts, strict):
     return merged, owner, first
 
 
+# how a stage's part is read from a torch optimizer state and parts are merged, for the MoE
+# conversion (``ds_to_universal_moe.plain_part``), which cannot import this module
+STAGE_IO = (_torch_stage_part, _merge_stages)
+
+
 def _model_parallel_shape(checkpoint_dir, first_states):
     """``(stages, tensor-parallel size)`` of the checkpoint: ``mp_world_size`` counts pipe x
     tensor ranks (a pipeline's grid) or tensor ranks alone."""
@@ -286,7 +291,7 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
     else:
         claimed = _claimed_layers(all_states)
         parts = [moe.plain_part(checkpoint_dir, states, states[_SAVED_STATES], s, strict,
-                                claimed)
+                                STAGE_IO, claimed)
                  if (states.get(moe.MOE_STATE_KEY) or {}).get("optimizer_files") else
                  _torch_stage_part(checkpoint_dir, states, s, claimed)
                  for s, states in enumerate(all_states)]
