@@ -212,6 +212,17 @@ def load_into_optimizer(engine, checkpoint_dir):
     engine.precision.after_optimizer_step()
 
 
+def module_pieces(module, saved_module):
+    """``saved_module`` (a universal checkpoint's whole module weights) with each entry of a
+    parameter this rank holds a piece of (``UNIVERSAL_CHECKPOINT_SLICE``) cut to that piece: what
+    a loader that copies the state dict as a whole (ZeRO-3's) can take at any tensor-parallel
+    size."""
+    pieces = {name: tuple(getattr(p, UNIVERSAL_CHECKPOINT_SLICE))
+              for name, p in module.named_parameters() if hasattr(p, UNIVERSAL_CHECKPOINT_SLICE)}
+    return {key: cut_piece(value, pieces.get(key)) if torch.is_tensor(value) else value
+            for key, value in (saved_module or {}).items()}
+
+
 def load_module_weights(module, checkpoint_dir, saved_module):
     """Every parameter of ``module`` from its whole fp32 tensor in the universal checkpoint
     (this rank's piece of it, cast to the parameter's dtype), buffers from ``saved_module``

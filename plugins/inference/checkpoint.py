@@ -67,13 +67,14 @@ def _split_count(descriptor, files, training_mp_size, where):
 
 
 def checkpoint_source(checkpoint, base_dir="", training_mp_size=1):
-    """``(files, split)``: the state-dict files ``checkpoint`` names and how many
-    tensor-parallel ranks wrote them (``split`` > 1: merge them, ``deepspeed.inference.merge``)."""
+    """``(files, split, descriptor, where)``: the state-dict files ``checkpoint`` names, how many
+    tensor-parallel ranks wrote them (``split`` > 1: merge them, ``deepspeed.inference.merge``),
+    the JSON descriptor (``{}`` for none) and where it came from (for errors)."""
     where, descriptor = "checkpoint", {}
     files = _descriptor_files(checkpoint, base_dir)
     if isinstance(files, tuple):
         files, descriptor, where = files
-    return files, _split_count(descriptor, files, training_mp_size, where)
+    return files, _split_count(descriptor, files, training_mp_size, where), descriptor, where
 
 
 def _descriptor_files(checkpoint, base_dir):
@@ -205,14 +206,16 @@ def empty_parameters(model):
     return len(replaced)
 
 
-def load_into(model, files, split=1, shapes=None):
+def load_into(model, files, split=1, shapes=None, fused=None):
     """Copy ``files`` into ``model`` (already split) shard by shard; returns
     ``{"files", "loaded", "peak_param_bytes", "kept"}``. ``split`` > 1: the files are the
-    tensor-parallel ranks of one checkpoint, merged with ``shapes`` (the unsplit model's)."""
+    tensor-parallel ranks of one checkpoint, merged with ``shapes`` (the unsplit model's);
+    ``fused`` (``deepspeed.inference.merge.fused_qkv_plan``): Megatron fused projections
+    reordered, one file or several."""
     owners = _owners(model)
     done, peak = set(), parameter_bytes(model)
-    sources = [(path, _tensors(path)) for path in files] if split == 1 else \
-        [(", ".join(files), merged_tensors(files, _tensors, shapes or {}))]
+    sources = [(path, _tensors(path)) for path in files] if split == 1 and not fused else \
+        [(", ".join(files), merged_tensors(files, _tensors, shapes or {}, fused))]
     for path, tensors in sources:
         for key, full in tensors:
             if key not in owners:

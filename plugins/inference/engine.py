@@ -40,6 +40,7 @@ from deepspeed.inference.checkpoint import (checkpoint_shapes, checkpoint_source
 from deepspeed.inference.config import DtypeEnum
 from deepspeed.inference.cuda_graph import CudaGraphs, refuse_without_cuda
 from deepspeed.inference.kernel_inject import inject
+from deepspeed.inference.merge import mark_fused_qkv, fused_qkv_plan
 from deepspeed.inference.moe_inference import (prepare_moe, shard_stacked_experts,
                                                slice_experts)
 from deepspeed.inference.policies import as_linear_names
@@ -63,12 +64,16 @@ class InferenceEngine(nn.Module):
         self.mp_group = None
         self.mp_world_size = 1
         self._check_unsupported(config)
-        files, split, shapes = None, 1, None  # named files are checked before anything changes
+        files, split, shapes, fused = None, 1, None, {}  # files checked before any change
         checkpoint, base_dir = _checkpoint_source(config)
         if checkpoint is not None:
-            files, split = checkpoint_source(checkpoint, base_dir, config.training_mp_size)
+            files, split, descriptor, where = checkpoint_source(checkpoint, base_dir,
+                                                                config.training_mp_size)
             if split > 1:  # the pieces are joined into the unsplit model's shapes
                 shapes = checkpoint_shapes(model)
+            # Megatron's fused query_key_value: reordered to [q; k; v], split as fused
+            fused = fused_qkv_plan(descriptor, model, where)
+            mark_fused_qkv(model, fused)
         elif config.set_empty_params:
             raise ValueError("set_empty_params=True builds the model's parameters empty, to be "
                              "filled from checkpoint=...; give a checkpoint, or leave it False")
@@ -81,7 +86,7 @@ class InferenceEngine(nn.Module):
         if files is not None:  # after the split: each rank reads only its shards
             if config.set_empty_params:  # nothing of the model's own values is kept
                 empty_parameters(self.module)
-            self.checkpoint_stats = load_into(self.module, files, split, shapes)
+            self.checkpoint_stats = load_into(self.module, files, split, shapes, fused)
         self.saved_checkpoint = self._save_split(config)
         self.injected = None
         if config.replace_with_kernel_inject:  # on CPU: one log line, AutoTP + SDPA

@@ -13,12 +13,15 @@ A Linear writes into the residual stream when its name says so: ``o_proj``, ``ou
 ``down_proj``, ``fc2``, ``wo``, ``o``, ``dense_4h_to_h``, ``w2``, or a ``dense`` under an
 ``output`` / ``attention`` module (BERT's ``attention.output.dense`` and ``output.dense``).
 A block without one has no known policy: the error names ``injection_policy``.
+A column-parallel Linear marked ``FUSED_BLOCKS`` (``deepspeed.tensor_parallel.sharding``: a fused
+``[q; k; v]`` over all heads) gives each rank its heads' rows of every block.
 """
 import torch
 from torch import nn
 
 from deepspeed.tensor_parallel.layers import LinearAllreduce, LinearLayer
-from deepspeed.tensor_parallel.sharding import mark, narrow_fn, take_shard
+from deepspeed.tensor_parallel.sharding import (FUSED_BLOCKS, fused_narrow_fn, mark, narrow_fn,
+                                                take_shard)
 
 ROW_PARALLEL_NAMES = ("o_proj", "out_proj", "down_proj", "fc2", "wo", "o", "dense_4h_to_h", "w2")
 ROW_PARALLEL_DENSE_PARENTS = ("output", "attention", "self_attention", "attn", "self_attn")
@@ -186,12 +189,17 @@ def shard_block(block, row_names, tp_size, rank, group, where="block"):
                                   group)
             mark(new.weight, take)
         else:
-            shard, take = _sliced(weight, 0, rank, tp_size)
+            blocks = getattr(linear, FUSED_BLOCKS, None)
+            take = narrow_fn(0, tp_size, rank) if blocks is None else \
+                fused_narrow_fn(0, blocks, tp_size, rank)
+            shard = take_shard(weight, take)
             new = LinearLayer(weight=shard, bias=None if bias is None else
-                              _sliced(bias.data, 0, rank, tp_size)[0])
+                              take_shard(bias.data, take))
             mark(new.weight, take)
             if new.bias is not None:
                 mark(new.bias, take)
+            if blocks is not None:  # still fused: a split checkpoint records it
+                setattr(new, FUSED_BLOCKS, blocks)
         block.set_submodule(name, new)
     for sub in block.modules():
         for attr in HEAD_ATTRIBUTES:

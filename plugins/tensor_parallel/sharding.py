@@ -14,6 +14,10 @@ SHARD_FN = "ds_shard_fn"
 # a parameter's key in the full state dict when it differs from its module path (a rank's
 # local expert 0 is expert ``ep_rank * local_experts`` of the checkpoint)
 CHECKPOINT_KEY = "ds_checkpoint_key"
+# set (to the block count, 3) on a Linear whose output rows are fused equal blocks over all
+# heads, ``[q; k; v]``: AutoTP gives each rank its heads' rows of every block
+# (``fused_narrow_fn``) instead of one contiguous slice
+FUSED_BLOCKS = "ds_fused_blocks"
 
 
 def shard_sizes(total, tp_size):
@@ -32,6 +36,19 @@ def narrow_fn(dim, tp_size, rank):
     def take(full):
         start, length = shard_range(full.shape[dim], tp_size, rank)
         return full.narrow(dim, start, length)
+    return take
+
+
+def fused_narrow_fn(dim, blocks, tp_size, rank):
+    """The function taking ``rank``'s slice of each of the ``blocks`` equal blocks a fused
+    tensor holds along ``dim``, concatenated: a fused ``[q; k; v]`` projection (``blocks`` 3)
+    gives each rank ``[q_r; k_r; v_r]``, the rows of its own heads in each block."""
+    def take(full):
+        if full.shape[dim] % blocks:
+            raise ValueError(f"a fused tensor of {full.shape[dim]} rows along dim {dim} does not "
+                             f"split into {blocks} equal blocks")
+        return torch.cat([block.narrow(dim, *shard_range(block.shape[dim], tp_size, rank))
+                          for block in full.chunk(blocks, dim)], dim=dim)
     return take
 
 

@@ -34,7 +34,9 @@ Tensor-parallel checkpoints (``mp_world_size`` > 1: AutoTP's, or a pipeline's wh
 split over its grid's ``model`` axis) take the same road: every model-parallel rank is read as a
 part, and the tensor ranks' slices of each parameter the model states list in ``param_slices``
 are joined (``deepspeed.zero.ds_to_universal_tp``); loading cuts each rank's slice again, at
-any tensor-parallel size.
+any tensor-parallel size. That holds for frozen parameters split over the tensor ranks (ZeRO-3
+partitioned ones included: each rank's shards are merged, then the ranks' pieces joined) and for
+a pipeline's tied weights split over them (each tensor rank's layer file holds its piece).
 
 MoE checkpoints (``moe_checkpoint`` in the model-states file: experts in files of their own)
 convert too (``deepspeed.zero.ds_to_universal_moe``), saved with ZeRO 1/2 (expert param groups

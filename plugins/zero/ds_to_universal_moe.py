@@ -119,7 +119,7 @@ def _renamed_part(plan, part, index):
 
 
 def plain_part(checkpoint_dir, states, local_states, mp_rank, strict, stage_io,
-               claimed=frozenset()):
+               claimed=frozenset(), tensor_rank=0):
     """``(part, loss_scaler)`` of model-parallel rank ``mp_rank`` of an MoE checkpoint saved
     without ZeRO with experts split over ranks (a part as the pipeline conversion reads one
     from a torch optimizer state, holding every expert under its global name). ``states``: the
@@ -152,7 +152,7 @@ def plain_part(checkpoint_dir, states, local_states, mp_rank, strict, stage_io,
         saved = load_file(os.path.join(checkpoint_dir, name))
         rank_states = dict(local_states, module=_local_module(plan, states["module"], index),
                            optimizer=saved["optimizer"])
-        part, scaler = read_part(checkpoint_dir, rank_states, mp_rank, claimed)
+        part, scaler = read_part(checkpoint_dir, rank_states, mp_rank, claimed, tensor_rank)
         parts.append(_renamed_part(plan, part, index))
         loss_scaler = scaler if loss_scaler is None else loss_scaler
     groups, owner, first = merge_parts(parts, strict)

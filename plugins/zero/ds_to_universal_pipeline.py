@@ -36,7 +36,7 @@ from deepspeed.zero.ds_to_universal_phases import (
 # an MoE rank's model states as saved (its writer's local expert names), kept next to the
 # renamed ones for reading the optimizer files saved without ZeRO (``moe.plain_part``)
 _SAVED_STATES = "_saved_model_states"
-_LAYER_FILE_RE = re.compile(r"^layer_(\d+)(?:-model_\d+)?-model_states\.pt$")
+_LAYER_FILE_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
 
 
 def _same(a, b):
@@ -119,9 +119,11 @@ def _claimed_layers(all_states):
     return {int(n.split(".", 1)[0]) for n in names if n.split(".", 1)[0].isdigit()}
 
 
-def _tied_weight(checkpoint_dir, name, shape, claimed):
+def _tied_weight(checkpoint_dir, name, shape, claimed, tensor_rank):
     """The weight of a tied module without ZeRO or fp32 masters: only the layer file of a layer
-    that is the tied module (an index no global name claims) holds it, under its local key."""
+    that is the tied module (an index no global name claims) holds it, under its local key. A
+    grid with a tensor axis writes one layer file per tensor rank (``-model_YY``); only
+    ``tensor_rank``'s hold its piece of a split tied weight."""
     parts = name.split(".", 2)
     if len(parts) != 3 or parts[0] != "tied_modules":
         raise CheckpointFormatError(f"parameter {name!r} is in no layer file of the pipeline "
@@ -129,7 +131,8 @@ def _tied_weight(checkpoint_dir, name, shape, claimed):
     found = []
     for file in sorted(os.listdir(checkpoint_dir)):
         match = _LAYER_FILE_RE.match(file)
-        if match is None or int(match.group(1)) in claimed:
+        if match is None or int(match.group(1)) in claimed or \
+                int(match.group(2) or tensor_rank) != tensor_rank:
             continue
         value = load_file(os.path.join(checkpoint_dir, file)).get(parts[2])
         if torch.is_tensor(value) and list(value.shape) == list(shape) and \
@@ -143,7 +146,7 @@ def _tied_weight(checkpoint_dir, name, shape, claimed):
     return found[0]
 
 
-def _torch_stage_part(checkpoint_dir, states, stage, claimed):
+def _torch_stage_part(checkpoint_dir, states, stage, claimed, tensor_rank=0):
     """One stage's part without ZeRO: the optimizer state the stage's model-states file holds
     (a torch ``state_dict``, or the mixed-precision wrapper's with its fp32 master weights),
     mapped to names through ``param_shapes`` (one entry per optimizer param, group order)."""
@@ -190,7 +193,7 @@ def _torch_stage_part(checkpoint_dir, states, stage, claimed):
             elif name in module:
                 weight = module[name]
             else:
-                weight = _tied_weight(checkpoint_dir, name, shape, claimed)
+                weight = _tied_weight(checkpoint_dir, name, shape, claimed, tensor_rank)
             position += 1
             tensors[name] = {universal.FP32_KEY: weight.float().reshape(shape),
                              **{k: v.reshape(shape) for k, v in elementwise.items()}}
@@ -291,9 +294,9 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
     else:
         claimed = _claimed_layers(all_states)
         parts = [moe.plain_part(checkpoint_dir, states, states[_SAVED_STATES], s, strict,
-                                STAGE_IO, claimed)
+                                STAGE_IO, claimed, s % tp)
                  if (states.get(moe.MOE_STATE_KEY) or {}).get("optimizer_files") else
-                 _torch_stage_part(checkpoint_dir, states, s, claimed)
+                 _torch_stage_part(checkpoint_dir, states, s, claimed, s % tp)
                  for s, states in enumerate(all_states)]
         loss_scaler = parts[0][1]
         parts = [p for p, _ in parts]
@@ -321,16 +324,21 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
             jobs.append(part["jobs"][name])
     frozen = OrderedDict()
     for part in parts:
+        if tp > 1:  # each tensor rank's pieces joined, ZeRO-3 shards merged per rank already
+            frozen.update(tensor_parallel.write_frozen(part, out_dir, frozen))
         for name, shape in part["sharded_frozen"].items():
             if name not in frozen:
                 frozen[name] = shape
                 jobs.append(part["jobs"][name])
     pool_map(merge_param, jobs, merge_workers, desc="merging parameters")
-    for states in all_states[::tp]:
-        frozen.update(write_module_frozen(states, out_dir, set(frozen)))
+    if tp == 1:
+        for states in all_states:
+            frozen.update(write_module_frozen(states, out_dir, set(frozen)))
 
-    module = tensor_parallel.joined_module(all_states, tp, out_dir, parts) if tp > 1 else \
-        OrderedDict()
+    module = OrderedDict()
+    if tp > 1:
+        shapes = {**{n: s for g in groups for n, s in g.items()}, **frozen}
+        module = tensor_parallel.joined_module(all_states, tp, out_dir, parts, shapes)
     buffers = []
     for states in all_states:
         for key, value in states["module"].items():

@@ -8,7 +8,9 @@ the torch optimizer state), then the ``tp`` parts of a stage become one *stage p
 parameter its model states list under ``param_slices`` (``deepspeed.hooks.
 UNIVERSAL_CHECKPOINT_SLICE``: ``[dim, parts, index]``) is the concatenation of the ranks'
 pieces along ``dim`` in index order; any other is replicated and taken from tensor rank 0.
-Loading cuts each rank's piece again for whatever tensor-parallel size it runs at.
+Frozen parameters are joined the same way (``write_frozen``): each rank's piece is its module
+weight, or under ZeRO-3 its merged shards. Loading cuts each rank's piece again for whatever
+tensor-parallel size it runs at.
 """
 import os
 from collections import OrderedDict
@@ -74,16 +76,29 @@ def join_stage(parts, all_states, stage, tp):
             shape[dim] = sum(int(p["groups"][index][name][dim]) for p in parts)
             whole[name] = shape
         groups.append(whole)
-    frozen_split = set(slices[0]) & set(all_states[stage * tp].get("frozen_param_shapes") or {})
-    if frozen_split or any(p["sharded_frozen"] for p in parts):
-        raise CheckpointFormatError(
-            f"pipeline stage {stage}: frozen parameters split over tensor ranks "
-            f"{sorted(frozen_split)[:6]} or partitioned by ZeRO-3 do not convert with tensor "
-            f"parallelism")
+    frozen = list(all_states[stage * tp].get("frozen_param_shapes") or {})
     return {**{k: first[k] for k in ("state_keys", "scalars", "hyper", "zero_stage",
-                                      "dp_world_size", "sharded_frozen")},
+                                      "dp_world_size")},
             "groups": groups, "slices": {n: s[0] for n, s in slices[0].items()},
-            "pieces": [reader(p) for p in parts]}
+            "pieces": [reader(p) for p in parts],
+            # frozen parameters (ZeRO-3 shards already merged per rank): joined by write_frozen
+            "sharded_frozen": {}, "frozen": frozen,
+            "frozen_pieces": [_frozen_reader(p, all_states[stage * tp + t])
+                              for t, p in enumerate(parts)]}
+
+
+def _frozen_reader(part, states):
+    """``read(name)``: one tensor rank's piece of frozen parameter ``name``: its merged ZeRO-3
+    shards, else the module weight its model states hold (None when the save left it out,
+    ``exclude_frozen_parameters``)."""
+    module, read = states.get("module") or {}, reader(part)
+
+    def read_frozen(name):
+        if name in part["sharded_frozen"]:
+            return read(name, universal.FP32_KEY)
+        value = module.get(name)
+        return None if value is None or value.numel() == 0 else value.float()
+    return read_frozen
 
 
 def write_joined(stage_part, name, keys, out_dir):
@@ -100,14 +115,36 @@ def write_joined(stage_part, name, keys, out_dir):
         atomic_torch_save({"param": whole.clone()}, path)
 
 
-def joined_module(all_states, tp, out_dir, stage_parts):
-    """The whole module weights: each stage's tensor rank 0 entries, a split parameter's
-    replaced by its joined fp32 tensor in the entry's dtype."""
+def write_frozen(stage_part, out_dir, done):
+    """The stage's frozen parameters not in ``done`` into ``out_dir`` as whole fp32 tensors (a
+    split one's pieces joined along its dim, like a trained one's); returns ``{name: whole
+    shape}``. Frozen parameters the save left out (``exclude_frozen_parameters``) are skipped."""
+    written = OrderedDict()
+    for name in stage_part["frozen"]:
+        if name in done:
+            continue
+        pieces = [read(name) for read in stage_part["frozen_pieces"]]
+        if any(p is None for p in pieces):
+            continue
+        dim = stage_part["slices"].get(name)
+        whole = pieces[0] if dim is None else torch.cat(pieces, dim=dim)
+        path = universal.param_file(out_dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_torch_save({"param": whole.clone()}, path)
+        written[name] = list(whole.shape)
+    return written
+
+
+def joined_module(all_states, tp, out_dir, stage_parts, shapes):
+    """The whole module weights: each stage's tensor rank 0 entries, a split parameter's (or an
+    empty ZeRO-3 placeholder's) replaced by its whole fp32 tensor (``shapes``: the trained and
+    frozen parameters' whole shapes) in the entry's dtype."""
     module = OrderedDict()
     for mp_rank in range(0, len(all_states), tp):
         split = stage_parts[mp_rank // tp]["slices"]
         for key, value in all_states[mp_rank]["module"].items():
-            if key in split and key not in module:
+            placeholder = key in shapes and value.numel() != torch.Size(shapes[key]).numel()
+            if (key in split or placeholder) and key not in module:
                 value = universal.load_param_state(out_dir, key, mmap=False).to(value.dtype)
             module.setdefault(key, value)
     return module

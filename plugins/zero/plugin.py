@@ -412,6 +412,11 @@ class ZeroPlugin(DeepSpeedPlugin):
             return None
         from deepspeed.zero.stage3 import load_full_state_dict
 
+        if engine.config.load_universal_checkpoint and state_dict is not None:
+            from deepspeed.checkpoint.universal import module_pieces
+
+            # whole tensors: this rank's tensor-parallel pieces of the split parameters
+            state_dict = module_pieces(engine.module, state_dict)
         return load_full_state_dict(engine.module, state_dict)
 
     @hookimpl

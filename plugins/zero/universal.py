@@ -76,11 +76,14 @@ def universal_partition_state_dict(opt, checkpoint_dir):
         states.append({key: _cut(checkpoint_dir, buckets, world, rank, key, pieces)
                        for key in info["state_keys"][group]})
     frozen = {}
-    for name in frozen_zero3_params(opt):
+    for name, param in frozen_zero3_params(opt).items():
         if name not in info["frozen_param_shapes"]:
             raise ZeroCheckpointError(f"the frozen parameter {name!r} is not in the universal "
                                       f"checkpoint '{checkpoint_dir}'")
-        frozen[name] = load_param_state(checkpoint_dir, name, FP32_KEY, mmap=False)
+        # this rank's piece of a frozen parameter split over tensor ranks
+        piece = getattr(param, UNIVERSAL_CHECKPOINT_SLICE, None)
+        frozen[name] = load_param_state(checkpoint_dir, name, FP32_KEY, mmap=False,
+                                        piece=None if piece is None else tuple(piece)).clone()
     return {
         "zero_stage": opt.stage, "partition_count": opt.partition_count, "layout": described,
         "single_partition_of_fp32_groups": fp32, "optimizer_state": states,
