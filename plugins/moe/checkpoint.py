@@ -25,7 +25,9 @@ layout). It loads only at the layout it was saved with; another layout is refuse
 saved and current ``ep_size``s, and ``load_optimizer_states=False`` loads the weights. To
 change the layout with the optimizer state, convert with ``ds_to_universal``: its module
 weights hold every expert under the global id, which ``load_experts`` cuts to this rank's, and
-``name_experts_globally`` tells the universal loaders which tensors are this rank's.
+``name_experts_globally`` tells the universal loaders which tensors are this rank's. For it
+the layout records, per layer, each global rank's expert-parallel and expert-data-parallel
+rank and how the experts sit on tensor-parallel ranks (``_tensor_layout``).
 """
 import os
 import re
@@ -124,9 +126,25 @@ def _rank_tables(layer):
     return tables
 
 
+def _tensor_layout(layer):
+    """How the layer's experts sit on ``tp`` > 1 tensor-parallel ranks, for offline tools:
+    ``{"tensor_replicas": tp}`` for replicated experts, whose gradients are summed (and ZeRO
+    partitions their param groups) over every tensor rank's expert-data-parallel group joined
+    (``deepspeed.moe.groups``'s expert replica group); ``{"tensor_parallel_experts": tp}`` for
+    tensor-parallel ones, whose split parameters declare their pieces (``param_slices``)."""
+    from deepspeed.moe.groups import tensor_dim
+
+    tp = int(topology.current().size(tensor_dim()))
+    if tp == 1:
+        return {}
+    return {"tensor_parallel_experts" if layer.enable_expert_tensor_parallelism
+            else "tensor_replicas": tp}
+
+
 def _layout(engine, layers, optimizer_files):
     return {"layers": [{"name": name, "num_experts": int(layer.num_experts),
-                        "ep_size": int(layer.ep_size), **_rank_tables(layer)}
+                        "ep_size": int(layer.ep_size), **_rank_tables(layer),
+                        **_tensor_layout(layer)}
                        for name, layer in layers],
             "world_size": int(dist.get_world_size()),
             # the global ranks of this model-parallel slice's data-parallel group (a pipeline

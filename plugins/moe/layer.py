@@ -16,7 +16,9 @@ tensor-parallel ranks, each runs its ``1/tp`` slice of the slots (``deepspeed.mo
 so their gradients are summed over every tensor-parallel rank's copies too, and they are
 marked ``tensor_model_parallel = False``. ``True``: the expert given is itself tensor parallel
 (e.g. column- then row-parallel linear), every rank runs all slots through its pieces, and
-the parameters keep the expert's own tensor-parallel marks.
+the parameters keep the expert's own tensor-parallel marks; those marked
+``tensor_model_parallel`` declare their piece (``partition_dim``, default 0) as
+``deepspeed.hooks.UNIVERSAL_CHECKPOINT_SLICE``, so ``ds_to_universal`` joins the pieces.
 """
 import copy
 
@@ -25,7 +27,7 @@ from torch import nn
 
 from deepspeed import comm as dist
 from deepspeed import topology
-from deepspeed.hooks import GRADIENT_GROUP, GRADIENT_NORM_GROUP
+from deepspeed.hooks import GRADIENT_GROUP, GRADIENT_NORM_GROUP, UNIVERSAL_CHECKPOINT_SLICE
 from deepspeed.moe import groups as moe_groups
 from deepspeed.moe.experts import Experts
 from deepspeed.moe.groups import ensure_expert_groups
@@ -122,11 +124,17 @@ class MoE(nn.Module):
             self.deepspeed_moe._set_tp_group(None, 1)
             gradient_group = moe_groups._get_expert_data_parallel_group(name)
             norm_group = moe_groups._get_expert_model_parallel_group(name)
+        tp_rank = topo.rank(moe_groups.tensor_dim(topo)) if tp > 1 else 0
         for param in experts.parameters():
             setattr(param, GRADIENT_GROUP, gradient_group)  # summed over the same expert's copies
             setattr(param, GRADIENT_NORM_GROUP, norm_group)  # norm: over the other experts'
             if tp > 1 and not self.enable_expert_tensor_parallelism:
                 param.tensor_model_parallel = False  # Megatron's mark: a replicated weight
+            elif tp > 1 and getattr(param, "tensor_model_parallel", False) and \
+                    not hasattr(param, UNIVERSAL_CHECKPOINT_SLICE):
+                # a tensor-parallel expert's piece (Megatron's marks), for universal checkpoints
+                setattr(param, UNIVERSAL_CHECKPOINT_SLICE,
+                        (int(getattr(param, "partition_dim", 0)), tp, tp_rank))
         self._remember(topo)
 
     def _remember(self, topo):

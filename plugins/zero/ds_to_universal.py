@@ -39,13 +39,15 @@ partitioned ones included: each rank's shards are merged, then the ranks' pieces
 a pipeline's tied weights split over them (each tensor rank's layer file holds its piece).
 
 MoE checkpoints (``moe_checkpoint`` in the model-states file: experts in files of their own)
-convert too, saved with ZeRO 1/2 (expert param groups partitioned over their
-expert-data-parallel group) or without ZeRO (optimizer state per expert-parallel rank)
-(``deepspeed.zero.ds_to_universal_moe``): the result holds every expert under the global names
-of the model with ``ep_size`` 1, and loads into such a model. Inside a pipeline each stage's
-experts convert the same way (the layout records the stage's data-parallel ranks), saved with
-ZeRO-1 or with ``ep_size`` 1. ZeRO-3, frozen experts, MoE under tensor parallelism and a
-pipeline's experts split over ranks without ZeRO are refused.
+convert too (``deepspeed.zero.ds_to_universal_moe``), saved with ZeRO 1/2 (expert param groups
+partitioned over their expert-data-parallel group), with ZeRO-3 (``ep_size`` 1: the experts
+are ordinary parameters of its shards) or without ZeRO (optimizer state per expert-parallel
+rank), frozen experts included: the result holds every expert under the global names of the
+model with ``ep_size`` 1, and loads into such a model or at any other ``ep_size``. Inside a
+pipeline each stage's experts convert the same way (the layout records the stage's
+data-parallel ranks), with ZeRO-1 or without ZeRO; under tensor parallelism each tensor rank's
+experts do, replicated experts taken once (their ZeRO partitions, spread over every tensor
+rank's copies, joined) and tensor-parallel experts joined like any split parameter.
 """
 import argparse
 import os
@@ -63,7 +65,7 @@ from deepspeed.zero.ds_to_universal_phases import (
     TEMP_DIRNAME, check_ranks_agree, checked_groups, extract_rank, finish, fresh_dirs,
     frozen_shapes, merge_jobs, merge_param, param_shapes, pool_map, rank_world, saved_loss_scaler,
     universal_info, write_module_frozen)
-from deepspeed.zero.ds_to_universal_pipeline import convert_pipeline
+from deepspeed.zero.ds_to_universal_pipeline import STAGE_IO, convert_pipeline
 
 
 def resolve_input(input_folder):
@@ -122,7 +124,7 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     moe_state = model_states.get(moe.MOE_STATE_KEY)
     if moe_state is not None and moe_state.get("optimizer_files"):  # no ZeRO, ep > 1
         return moe.convert_plain(checkpoint_dir, tag, output_folder, model_states, strict,
-                                 keep_temp_folder)
+                                 keep_temp_folder, STAGE_IO)
     shapes = param_shapes(model_states, inject_missing_state)
     world = rank_world(checkpoint_dir, strict)
     plan = moe.moe_plan(model_states, world)
@@ -134,18 +136,14 @@ def convert(input_folder, output_folder, num_extract_workers=4, num_merge_worker
     check_ranks_agree(summaries, strict)
     first = summaries[0]
     groups = checked_groups(first, shapes, model_states, strict)
-    hyper = first["param_groups"]
+    # the expert groups' names (``ep_size_<n>``) are the saved layout's, not the loader's
+    hyper = moe.layout_free_hyper(first["param_groups"])
     if plan is not None:
-        moe.check_supported(model_states, first)
         groups = moe.global_groups(plan, first["layout"], groups)
         # the module with every expert (from their files), under the ep-1 model's names
-        model_states = dict(model_states)
-        fp32_script._with_moe_experts(checkpoint_dir, model_states)
+        model_states = moe.with_global_experts(checkpoint_dir, model_states, plan)
         model_states.pop(moe.MOE_STATE_KEY)
         model_states["param_shapes"] = [OrderedDict(g) for g in groups]
-        # the expert groups' names (``ep_size_<n>``) are the saved layout's, not the ep-1 one's
-        hyper = [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")}
-                 for h in hyper]
     sharded = frozen_shapes(model_states, first["frozen"])
     jobs = merge_jobs(groups, first["state_keys"], sharded, world, temp_dir, out_dir)
     frozen = OrderedDict(sharded)

@@ -105,11 +105,12 @@ def extract_rank(job):
     for group, described in enumerate(state["layout"]):
         flat = state["single_partition_of_fp32_groups"][group]
         moments = state["optimizer_state"][group]
-        group_world, group_rank, rename = world, rank, None
+        group_world, group_rank, rename, (where, file_id) = world, rank, None, (temp_dir, rank)
         if moe:  # expert groups: partitioned over their expert-data-parallel group
-            from deepspeed.zero.ds_to_universal_moe_plan import group_placement
+            from deepspeed.zero.ds_to_universal_moe_plan import fragment_place, group_placement
 
             group_world, group_rank, rename = group_placement(moe, described, world, rank)
+            where, file_id = fragment_place(moe, described, rank, temp_dir)
         if partition_numel(described, group_world) != flat.numel():
             raise CheckpointFormatError(
                 f"rank {rank}'s optimizer file holds {flat.numel()} elements of param group "
@@ -120,9 +121,9 @@ def extract_rank(job):
             n = stop - start
             fragment = {"start": start, "stop": stop, universal.FP32_KEY: flat[at:at + n].clone()}
             fragment.update({k: v[at:at + n].clone() for k, v in moments.items()})
-            target = os.path.join(temp_dir, name)
+            target = os.path.join(where, name)
             os.makedirs(target, exist_ok=True)
-            atomic_torch_save(fragment, os.path.join(target, f"{rank}.pt"), check=False)
+            atomic_torch_save(fragment, os.path.join(target, f"{file_id}.pt"), check=False)
     for name, shard in (state.get("frozen_shards") or {}).items():
         target = os.path.join(temp_dir, name)
         os.makedirs(target, exist_ok=True)

@@ -12,7 +12,9 @@ taken once, from the first), the param groups group by group: the universal chec
 the one a single-stage model with those names would have produced. A tensor-parallel
 checkpoint (pipeline or not) has one model-states file per model-parallel rank (``stage * tp +
 tensor rank``); each is read as a part and the tensor ranks of a stage joined first
-(``deepspeed.zero.ds_to_universal_tp``).
+(``deepspeed.zero.ds_to_universal_tp``). A rank with MoE layers has its experts read from their
+files under global names (``deepspeed.zero.ds_to_universal_moe``); saved without ZeRO with
+experts split over ranks, its part comes from its per-expert-set optimizer files.
 """
 import os
 import re
@@ -23,7 +25,7 @@ import torch
 from deepspeed.checkpoint import universal
 from deepspeed.checkpoint.atomic import CheckpointFormatError, atomic_torch_save, load_file
 from deepspeed.checkpoint.layout import model_states_filename
-from deepspeed.zero import ds_to_universal_moe_plan as moe
+from deepspeed.zero import ds_to_universal_moe as moe
 from deepspeed.zero import ds_to_universal_tp as tensor_parallel
 from deepspeed.zero import zero_to_fp32 as fp32_script
 from deepspeed.zero.ds_to_universal_phases import (
@@ -31,6 +33,9 @@ from deepspeed.zero.ds_to_universal_phases import (
     frozen_shapes, merge_jobs, merge_param, param_shapes, pool_map, rank_world, saved_loss_scaler,
     universal_info, write_module_frozen)
 
+# an MoE rank's model states as saved (its writer's local expert names), kept next to the
+# renamed ones for reading the optimizer files saved without ZeRO (``moe.plain_part``)
+_SAVED_STATES = "_saved_model_states"
 _LAYER_FILE_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
 
 
@@ -54,32 +59,29 @@ def _stage_states(checkpoint_dir, mp_rank, mp_world, tp, first):
                                         f"model-parallel ranks (pipeline stages x tensor "
                                         f"ranks) but lacks {os.path.basename(path)}")
         states = load_file(path)
-    states = dict(states)
+    states = saved = dict(states)
     if states.get("module") is None:
         states["module"] = fp32_script._pipeline_layer_entries(checkpoint_dir, states,
                                                                tensor_rank=mp_rank % tp)
     moe_state = states.get(moe.MOE_STATE_KEY)
-    if moe_state is not None:  # every expert of the stage, from the expert files
-        if moe_state.get("optimizer_files") or tp > 1:
-            raise CheckpointFormatError(
-                f"model-parallel rank {mp_rank} holds MoE layers "
-                + ("under tensor parallelism" if tp > 1 else
-                   "saved without ZeRO with experts split over ranks (optimizer state per "
-                   "expert-parallel rank)")
-                + "; inside a pipeline only ZeRO-1 checkpoints, or ones whose MoE layers "
-                  "have ep_size 1, convert")
-        fp32_script._with_moe_experts(checkpoint_dir, states, mp_rank)
+    if moe_state is not None:  # every expert of the rank, from its expert files
+        ranks = moe_state.get("data_parallel_ranks") or range(int(moe_state["world_size"]))
+        states = moe.with_global_experts(checkpoint_dir, states,
+                                         moe.moe_plan(states, len(ranks)), mp_rank)
+        states[_SAVED_STATES] = saved
     return states
 
 
-def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, strict, inject):
+def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, strict, inject,
+                      tp=1):
     """Per model-parallel rank: its groups, state keys, scalars, hyperparameters and merge
     jobs, after extracting every (model-parallel, data-parallel rank) file's fragments into
     ``tmp/stage_XX``. ``out_dir`` None: each rank's jobs write into ``tmp/stage_XX/whole``
     (its pieces of split parameters, joined afterwards)."""
     worlds = [rank_world(checkpoint_dir, strict, mp_rank=s) for s in range(len(all_states))]
     temps = [os.path.join(temp_dir, f"stage_{s:02d}") for s in range(len(all_states))]
-    plans = [moe.moe_plan(states, world) for states, world in zip(all_states, worlds)]
+    plans = moe.join_tensor_replicas([moe.moe_plan(states, world)
+                                      for states, world in zip(all_states, worlds)], tp, temps)
     summaries = pool_map(extract_rank, [(checkpoint_dir, r, worlds[s], temps[s], s, plans[s])
                                         for s in range(len(all_states))
                                         for r in range(worlds[s])], workers,
@@ -93,18 +95,17 @@ def _zero_stage_parts(checkpoint_dir, all_states, temp_dir, out_dir, workers, st
                                 where=f"pipeline stage {stage}: ")
         hyper = first["param_groups"]
         if plans[stage]:  # experts under their global ids (the ep-1 model's names)
-            moe.check_supported(states, first)
             groups = moe.global_groups(plans[stage], first["layout"], groups)
-            hyper = [{k: v for k, v in h.items() if not (h.get("moe") and k == "name")}
-                     for h in hyper]
+            hyper = moe.layout_free_hyper(hyper)
         sharded = frozen_shapes(states, first["frozen"])
         whole_dir = out_dir or os.path.join(temps[stage], "whole")
         parts.append({"groups": groups, "state_keys": first["state_keys"],
                       "scalars": first["optimizer_scalars"], "hyper": hyper,
                       "zero_stage": int(first["zero_stage"]), "dp_world_size": worlds[stage],
                       "sharded_frozen": sharded,
-                      "jobs": merge_jobs(groups, first["state_keys"], sharded, worlds[stage],
-                                         temps[stage], whole_dir), "whole_dir": whole_dir})
+                      "jobs": moe.replica_jobs(plans[stage], merge_jobs(
+                          groups, first["state_keys"], sharded, worlds[stage], temps[stage],
+                          whole_dir), stage % tp), "whole_dir": whole_dir})
     return parts, saved_loss_scaler(checkpoint_dir)
 
 
@@ -252,6 +253,11 @@ def _merge_stages(parts, strict):
     return merged, owner, first
 
 
+# how a stage's part is read from a torch optimizer state and parts are merged, for the MoE
+# conversion (``ds_to_universal_moe.plain_part``), which cannot import this module
+STAGE_IO = (_torch_stage_part, _merge_stages)
+
+
 def _model_parallel_shape(checkpoint_dir, first_states):
     """``(stages, tensor-parallel size)`` of the checkpoint: ``mp_world_size`` counts pipe x
     tensor ranks (a pipeline's grid) or tensor ranks alone."""
@@ -284,10 +290,13 @@ def convert_pipeline(checkpoint_dir, tag, output_folder, first_states, extract_w
     if zero:
         parts, loss_scaler = _zero_stage_parts(checkpoint_dir, all_states, temp_dir,
                                                out_dir if tp == 1 else None, extract_workers,
-                                               strict, inject_missing_state)
+                                               strict, inject_missing_state, tp)
     else:
         claimed = _claimed_layers(all_states)
-        parts = [_torch_stage_part(checkpoint_dir, states, s, claimed, s % tp)
+        parts = [moe.plain_part(checkpoint_dir, states, states[_SAVED_STATES], s, strict,
+                                STAGE_IO, claimed, s % tp)
+                 if (states.get(moe.MOE_STATE_KEY) or {}).get("optimizer_files") else
+                 _torch_stage_part(checkpoint_dir, states, s, claimed, s % tp)
                  for s, states in enumerate(all_states)]
         loss_scaler = parts[0][1]
         parts = [p for p, _ in parts]

@@ -106,8 +106,10 @@ def write_joined(stage_part, name, keys, out_dir):
     universal checkpoint ``out_dir``."""
     dim = stage_part["slices"].get(name)
     for key in keys:
-        pieces = [read(name, key) for read in stage_part["pieces"]]
-        whole = pieces[0] if dim is None else torch.cat(pieces, dim=dim)
+        if dim is None:  # replicated: tensor rank 0's (the others may hold no copy)
+            whole = stage_part["pieces"][0](name, key)
+        else:
+            whole = torch.cat([read(name, key) for read in stage_part["pieces"]], dim=dim)
         path = universal.param_file(out_dir, name, key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_torch_save({"param": whole.clone()}, path)

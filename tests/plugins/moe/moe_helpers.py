@@ -69,11 +69,11 @@ def model_params_from_reference(model, reference, rank_in_ep_group):
 
 def moe_param_groups(model):
     """The model's parameters split into a dense group and one group per expert-parallel size,
-    as the engine needs them."""
+    as the engine needs them (frozen ones left out: the optimizer holds none)."""
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
     return split_params_into_different_moe_groups_for_optimizer(
-        {"params": list(model.parameters()), "name": "parameters"})
+        {"params": [p for p in model.parameters() if p.requires_grad], "name": "parameters"})
 
 
 def ep_model(ep_size, seed=0, **model_kwargs):

@@ -1,8 +1,8 @@
 """MoE layers inside a pipeline (issue 36): they train (a pipeline grid's "model" groups span
 its stages, so the MoE layer takes its tensor-parallel group from the grid's tensor axis), and
 ``ds_to_universal`` converts a pipeline MoE checkpoint: 2 stages x 2 data-parallel ranks with
-experts split 2 ways under ZeRO-1 resume at 2 stages on 2 ranks with every expert on each rank
-(ep 1, no ZeRO) with the losses of the uninterrupted run."""
+experts split 2 ways, under ZeRO-1 or without ZeRO, resume at 2 stages on 2 ranks with every
+expert on each rank (ep 1, no ZeRO) with the losses of the uninterrupted run."""
 import os
 
 import pytest
@@ -54,8 +54,8 @@ def _engine(ep_size, zero, gas, universal=False):
     return deepspeed.initialize(model=model, model_parameters=groups, config=config)[0]
 
 
-def _source(save_dir):
-    engine = _engine(2, 1, 1)
+def _source(save_dir, zero):
+    engine = _engine(2, zero, 1)
     dp = engine.grid.get_data_parallel_rank()
     train = [engine.train_batch(iter([batch[dp]])).item() for batch in _data()[:2]]
     engine.save_checkpoint(save_dir, tag=TAG)
@@ -73,12 +73,21 @@ def _resume(universal_dir):
     return steps, losses
 
 
+@pytest.mark.parametrize("zero", [1, 0])
 def test_pipeline_moe_checkpoint_converts_and_resumes_with_another_expert_layout(dist_pool,
-                                                                                  tmp_path):
+                                                                                  tmp_path,
+                                                                                  zero):
+    """ZeRO-1 (expert groups partitioned over each stage's expert-data-parallel ranks) or no
+    ZeRO (each stage's optimizer state in one file per expert-parallel rank)."""
     from deepspeed.checkpoint.ds_to_universal import convert
     from deepspeed.checkpoint.universal import read_info
 
-    results = dist_pool.run(_source, world_size=4, args=(str(tmp_path / "pipe"),))
+    results = dist_pool.run(_source, world_size=4, args=(str(tmp_path / "pipe"), zero))
+    written = sorted(f for f in os.listdir(tmp_path / "pipe" / TAG) if "optim_states" in f)
+    assert written == ([f"zero_pp_rank_{d}_mp_rank_0{s}_optim_states.pt"
+                        for d in range(2) for s in range(2)] if zero else
+                       [f"expp_rank_{r}_mp_rank_0{s}_optim_states.pt"
+                        for s, r in ((0, 0), (0, 1), (1, 2), (1, 3))])
     expected = results[0][1]
     assert all(r == results[0] for r in results)  # the loss is every rank's
     out = convert(str(tmp_path / "pipe"), str(tmp_path / "universal"), num_extract_workers=1,

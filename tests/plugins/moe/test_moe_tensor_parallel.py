@@ -12,8 +12,9 @@ rank's own tokens; an expert's gradient summed over the group the engine sums it
 ranks (cut like the expert for the TP expert). Engine level: SGD through
 ``deepspeed.initialize(mpu=...)`` with the model built before the mpu was registered equals the
 reference trained on the global batch. Also: the group layout itself, a checkpoint resumed at the
-same tensor-parallel layout (expert files per model-parallel rank), and the refusal of expert
-groups under sequence parallelism."""
+same tensor-parallel layout (expert files per model-parallel rank), the refusal of expert
+groups under sequence parallelism, and ``ds_to_universal`` of an MoE model whose dense layers
+(and experts) are split over the tensor ranks, resumed without tensor parallelism."""
 import pytest
 import torch
 from torch import nn
@@ -283,3 +284,150 @@ def test_tp2_dp2_checkpoint_resumes_at_the_same_layout(dist_pool, tmp_path, ep_s
     results = dist_pool.run(_save_and_resume, world_size=4,
                             args=(str(tmp_path), ep_size, expert_tp))
     assert results == [(True, True)] * 4
+
+
+# ------------------------------------------------ ds_to_universal: MoE with TP-split dense layers
+class DenseTPMoEModel(nn.Module):
+    """``Linear(4, 16) -> tanh -> Linear(16, HIDDEN) -> MoE -> Linear(HIDDEN, 3)``; with a
+    tensor-parallel ``mpu`` the first two are split Megatron's way (column- then row-parallel,
+    ``deepspeed.tensor_parallel.layers``: each declares its piece for universal checkpoints),
+    and with ``expert_tp`` the experts too (``TPExpert``; without an mpu, whole ones of the
+    same names). The weights are the unsplit model's of ``manual_seed(seed)``, whatever the
+    layout."""
+
+    def __init__(self, ep_size, seed, mpu=None, expert_tp=False):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        torch.manual_seed(seed)
+        self.inp, self.proj = nn.Linear(4, 16), nn.Linear(16, HIDDEN)
+        reference = MoE(HIDDEN, expert(), num_experts=4, ep_size=1).state_dict()
+        self.out = nn.Linear(HIDDEN, 3)
+        if mpu is not None:
+            self._split(mpu)
+        tp, tp_rank = (mpu.tp, mpu.tp_rank) if mpu is not None else (1, 0)
+        self.moe = MoE(HIDDEN, TPExpert(tp) if expert_tp else expert(), num_experts=4,
+                       ep_size=ep_size, k=1, capacity_factor=1.0, min_capacity=2,
+                       use_rts=False, top2_2nd_expert_sampling=False,
+                       enable_expert_tensor_parallelism=expert_tp)
+        ep_rank = (mpu.dp_rank if mpu is not None else _rank()) % ep_size
+        load_layer(self.moe, reference, ep_rank, expert_tp, tp, tp_rank)
+
+    def _split(self, mpu):
+        from deepspeed.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+        def piece(tensor, dim):
+            return nn.Parameter(tensor.detach().chunk(mpu.tp, dim)[mpu.tp_rank].clone())
+
+        self.inp = ColumnParallelLinear(piece(self.inp.weight, 0), piece(self.inp.bias, 0),
+                                        mpu.tp_group)
+        self.proj = RowParallelLinear(piece(self.proj.weight, 1),
+                                      nn.Parameter(self.proj.bias.detach().clone()),
+                                      mpu.tp_group)
+
+    def forward(self, x):
+        h, l_aux, _ = self.moe(self.proj(torch.tanh(self.inp(x))))
+        return self.out(h), l_aux
+
+
+def _rank():
+    import deepspeed.comm as dist
+
+    return dist.get_rank()
+
+
+def _dense_tp_engine(ep_size, stage, seed, mpu=None, universal=False, expert_tp=False):
+    import deepspeed
+
+    model = DenseTPMoEModel(ep_size, seed, mpu, expert_tp)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10 ** 6,
+              "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+              "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
+    if universal:
+        config["checkpoint"] = {"load_universal": True}
+    return deepspeed.initialize(model=model, model_parameters=moe_param_groups(model),
+                                config=config, mpu=mpu)[0]
+
+
+def _dp_mean_steps(engine, steps, dp_rank, dp_group, dp):
+    """One Adam step per global batch of ``steps`` (this data-parallel rank's micro-batch);
+    the data-parallel mean loss of each."""
+    import deepspeed.comm as dist
+
+    losses = []
+    for step in steps:
+        x, y = step[dp_rank][0]
+        loss = loss_of(engine, x, y)
+        engine.backward(loss)
+        engine.step()
+        summed = loss.detach().clone()
+        dist.all_reduce(summed, group=dp_group)
+        losses.append(summed.item() / dp)
+    return losses
+
+
+def _save_dense_tp(save_dir, stage, expert_tp):
+    """tp 2 x dp 2, ep 2: 2 steps, save, 2 more steps (the uninterrupted run's losses)."""
+    mpu = TinyMPU(TP)
+    engine = _dense_tp_engine(2, stage, 0, mpu, expert_tp=expert_tp)
+    data = global_batches(world=2, gas=1, steps=4)
+    _dp_mean_steps(engine, data[:2], mpu.dp_rank, mpu.dp_group, mpu.dp)
+    engine.save_checkpoint(save_dir, tag="t")
+    losses = _dp_mean_steps(engine, data[2:], mpu.dp_rank, mpu.dp_group, mpu.dp)
+    engine.destroy()
+    return losses
+
+
+def _resume_dense_tp(universal_dir, ep_size, stage, expert_tp):
+    """No tensor parallelism, dp 2, ``ep_size``: the universal checkpoint, then 2 steps."""
+    engine = _dense_tp_engine(ep_size, stage, 7, universal=True, expert_tp=expert_tp)
+    engine.load_checkpoint(universal_dir, tag="t")
+    steps = engine.global_steps
+    losses = _dp_mean_steps(engine, global_batches(world=2, gas=1, steps=4)[2:], _rank(), None,
+                            2)
+    engine.destroy()
+    return steps, losses
+
+
+@pytest.mark.parametrize("stage,expert_tp", [(1, False), (0, False), (1, True)])
+def test_moe_with_tp_split_dense_layers_converts_and_resumes_without_tp(dist_pool, tmp_path,
+                                                                        stage, expert_tp):
+    """An ep-2 MoE model whose dense layers are split over 2 tensor ranks (dp 2) converts:
+    ZeRO-1 with the experts replicated over the tensor ranks (their groups partitioned over
+    the copies on both tensor ranks) or split over them (``TPExpert``), or no ZeRO (optimizer
+    files per expert-parallel rank and tensor rank). The tensor ranks' pieces are joined,
+    every expert is under its global id; resumed without tensor parallelism (ep 1 and ep 2 on
+    2 ranks, no ZeRO and ZeRO-2), the losses continue the uninterrupted run's."""
+    from deepspeed.checkpoint import load_file
+    from deepspeed.checkpoint.ds_to_universal import convert
+    from deepspeed.checkpoint.universal import load_param_state, read_info
+
+    expected = dist_pool.run(_save_dense_tp, world_size=4,
+                             args=(str(tmp_path / "tp"), stage, expert_tp))
+    assert all(losses == expected[0] for losses in expected)
+    out = convert(str(tmp_path / "tp"), str(tmp_path / "universal"), num_extract_workers=1,
+                  num_merge_workers=1)
+    info = read_info(out)
+    assert info["source"]["tensor_parallel_size"] == 2
+    assert info["param_shapes"]["inp.weight"] == [16, 4]
+    assert info["param_shapes"]["proj.weight"] == [HIDDEN, 16]
+    experts = {n.split(PREFIX)[1].split(".")[0] for n in info["param_shapes"] if PREFIX in n}
+    assert experts == {"0", "1", "2", "3"}
+    tag_dir = tmp_path / "tp" / "t"
+    states = [load_file(tag_dir / f"mp_rank_0{t}_model_states.pt") for t in range(2)]
+    split = [("inp.weight", 0), ("proj.weight", 1)]
+    if expert_tp:  # the writer's local expert 1 is global expert 1 (ep rank 0)
+        split += [(f"moe.{PREFIX}1.w1", 0), (f"moe.{PREFIX}1.w2", 1)]
+        assert info["param_shapes"][f"moe.{PREFIX}3.w2"] == [HIDDEN, 16]
+    for name, dim in split:
+        assert [s["param_slices"][name] for s in states] == [[dim, 2, 0], [dim, 2, 1]]
+        saved = [load_file(tag_dir / f"layer_0_expert_1_mp_rank_0{t}_model_states.pt")
+                 if PREFIX in name else states[t]["module"] for t in range(2)]
+        assert torch.equal(load_param_state(out, name),
+                           torch.cat([pieces[name] for pieces in saved], dim)), name
+    for ep_size, target_stage in ((1, 0), (2, 2)):
+        for steps, losses in dist_pool.run(_resume_dense_tp, world_size=2,
+                                           args=(str(tmp_path / "universal"), ep_size,
+                                                 target_stage, expert_tp)):
+            assert steps == 2
+            assert losses == pytest.approx(expected[0], abs=1e-5, rel=0)

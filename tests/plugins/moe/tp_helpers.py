@@ -103,16 +103,18 @@ class TPExpert(nn.Module):
 
     def __init__(self, tp, hidden=HIDDEN, inner=16):
         super().__init__()
-        part = inner // tp
+        part, self.tp = inner // tp, tp
         self.w1 = nn.Parameter(torch.zeros(part, hidden))
         self.b1 = nn.Parameter(torch.zeros(part))
         self.w2 = nn.Parameter(torch.zeros(hidden, part))
         self.b2 = nn.Parameter(torch.zeros(hidden))
-        for param in (self.w1, self.b1, self.w2):
-            param.tensor_model_parallel = True
+        for param, dim in ((self.w1, 0), (self.b1, 0), (self.w2, 1)):
+            param.tensor_model_parallel, param.partition_dim = True, dim
         self.b2.tensor_model_parallel = False
 
     def forward(self, x):
+        if self.tp == 1:  # whole: the unsplit expert under the same names
+            return F.linear(F.relu(F.linear(x, self.w1, self.b1)), self.w2, self.b2)
         h = F.relu(F.linear(_CopyToTP.apply(x), self.w1, self.b1))
         return _ReduceFromTP.apply(F.linear(h, self.w2)) + self.b2
 
