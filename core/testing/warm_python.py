@@ -42,9 +42,24 @@ import tempfile
 import time
 import types
 
-ENV = "DS_WARM_PYTHON"
 LOG_ENV = "DS_WARM_PYTHON_LOG"
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_site")
+
+
+def _load_client():
+    """The client module, loaded by path: the server and the pytest process share its
+    ``identity()`` / ``socket_path()`` without putting ``warm_site`` on their own sys.path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_ds_warm_python_client", os.path.join(SITE_DIR, "_ds_warm_python_client.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_client = _load_client()
+ENV = _client.ENV  # the folder of the servers' sockets, one per network namespace
 PRELOAD = ("torch",)
 # variables the interpreter or a preloaded module reads while starting: a program whose value
 # differs from the server's starts normally (prefix match, minus ALLOWED_ENV, which are read at
@@ -60,17 +75,31 @@ _HIGH_FD = 1000  # received descriptors wait above this while they move to their
 
 # ---------------------------------------------------------------- starting and stopping it --
 
+def _start(path, preload, env, prefix=()):
+    server_env = {k: v for k, v in env.items() if k != ENV}
+    return subprocess.Popen([*prefix, sys.executable, os.path.abspath(__file__), path, *preload],
+                            env=server_env, stdin=subprocess.DEVNULL)
+
+
+def _stop(process):
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def start_server(preload=PRELOAD, env=None):
-    """Start a server for this process's environment and point ``env`` (default os.environ)
-    at it. Returns a stop function. The socket appears once the preloads are imported; clients
-    started before then start normally."""
+    """Start a server for this process's environment and network namespace and point ``env``
+    (default os.environ) at it. Returns a stop function. The socket appears once the preloads
+    are imported; clients started before then start normally."""
     env = os.environ if env is None else env
     folder = tempfile.mkdtemp(prefix="ds-warm-python-")
-    path = os.path.join(folder, "server.sock")
-    server_env = {k: v for k, v in env.items() if k != ENV}
-    process = subprocess.Popen([sys.executable, os.path.abspath(__file__), path, *preload],
-                               env=server_env, stdin=subprocess.DEVNULL)
-    env[ENV] = path
+    path = _client.socket_path(folder)
+    process = _start(path, preload, env)
+    env[ENV] = folder
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH", "")) if p)
 
     def stop():
@@ -83,18 +112,32 @@ def start_server(preload=PRELOAD, env=None):
                 env["PYTHONPATH"] = os.pathsep.join(parts)
             else:
                 env.pop("PYTHONPATH", None)
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        _stop(process)
         for name in os.listdir(folder):
             os.unlink(os.path.join(folder, name))
         os.rmdir(folder)
 
     atexit.register(stop)
+    return stop
+
+
+def start_node_server(netns, preload=PRELOAD, env=None):
+    """Start a server inside the network namespace ``netns`` (``ip netns exec``: a fake node's
+    own addresses and /etc files) next to the one ``env`` names, so programs started on that
+    node run warm too. Returns a stop function; None when ``env`` names no server."""
+    env = os.environ if env is None else env
+    folder = env.get(ENV)
+    if not folder:
+        return None
+    inode = os.stat(os.path.join("/run/netns", netns)).st_ino
+    path = os.path.join(folder, f"net-{inode}.sock")
+    process = _start(path, preload, env, prefix=("ip", "netns", "exec", netns))
+
+    def stop():
+        _stop(process)
+        if os.path.exists(path):
+            os.unlink(path)
+
     return stop
 
 
@@ -110,7 +153,8 @@ def detach(monkeypatch):
 
 def wait_until_ready(env=None, timeout=60.0):
     """True once the server named in ``env`` accepts programs (for tests of the server)."""
-    path = (os.environ if env is None else env).get(ENV)
+    folder = (os.environ if env is None else env).get(ENV)
+    path = folder and _client.socket_path(folder)
     deadline = time.monotonic() + timeout
     while path and time.monotonic() < deadline:
         if os.path.exists(path):
@@ -141,30 +185,20 @@ def _read_request(conn):
     return json.loads(body), fds
 
 
-def _own_namespaces():
-    found = {}
-    for kind in ("net", "mnt", "pid", "user", "ipc", "uts"):
-        try:
-            found[kind] = os.stat(f"/proc/self/ns/{kind}").st_ino
-        except OSError:
-            found[kind] = None
-    return found
-
-
 def _import_time_env(key):
     # `PYTHON` alone is no interpreter variable (scripts name an interpreter with it)
     return key.startswith(IMPORT_TIME_ENV) and not key.startswith(ALLOWED_ENV) and key != "PYTHON"
 
 
-def refusal(request, server_env, namespaces):
+def refusal(request, server_env, identity):
     """Why this server must not run the request (None when it can)."""
     if request["executable"] != sys.executable and \
             os.path.realpath(request["executable"]) != os.path.realpath(sys.executable):
         return "another interpreter"
     if request["prefix"] != sys.prefix or request["version"] != sys.version:
         return "another environment"
-    if request["namespaces"] != namespaces:
-        return "another namespace"
+    if request["identity"] != identity:
+        return "another namespace or mount view"
     if request["warnoptions"] or request["xoptions"]:
         return "-W / -X options"
     if len(request["fds"]) != len(set(request["fds"])):
@@ -192,7 +226,7 @@ def serve(path, preload=PRELOAD):
     for name in preload:
         __import__(name)
     server_env = dict(os.environ)
-    namespaces = _own_namespaces()
+    identity = _client.identity()
     # DS_WARM_PYTHON_LOG: one JSON line per program (mode, target, why it started fresh or null)
     log_path = os.environ.get(LOG_ENV)
     log = open(log_path, "a", encoding="utf-8") if log_path else None
@@ -210,7 +244,7 @@ def serve(path, preload=PRELOAD):
         fds = []
         try:
             request, fds = _read_request(conn)
-            reason = refusal(request, server_env, namespaces)
+            reason = refusal(request, server_env, identity)
             if log is not None:
                 log.write(json.dumps([request["mode"], request["target"], reason]) + "\n")
                 log.flush()

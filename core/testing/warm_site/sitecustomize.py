@@ -14,142 +14,12 @@ Python started under the suite.
 import os
 import sys
 
-ENV = "DS_WARM_PYTHON"
-_FLAGS_ALLOWED = set("uBsEP")
+try:
+    import _ds_warm_python_client
 
-
-def _program(args):
-    """``("script", path, flags)`` / ``("module", name, flags)`` for what this interpreter was
-    asked to run, or None when it is anything the server does not reproduce."""
-    flags = set()
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        if arg == "--":
-            index += 1
-            break
-        if not arg.startswith("-") or arg == "-":
-            break
-        if arg.startswith("-m"):
-            name = arg[2:] or (args[index + 1] if index + 1 < len(args) else "")
-            return ("module", name, flags) if name else None
-        letters = set(arg[1:])
-        if not letters <= _FLAGS_ALLOWED:
-            return None  # -c, -i, -O, -W, -X, -I, -S, ...
-        flags |= letters
-        index += 1
-    if index >= len(args) or args[index] == "-":
-        return None  # interactive or stdin
-    script = args[index]
-    if not os.path.isfile(script) or script.endswith((".pyc", ".pyz", ".zip")):
-        return None
-    return ("script", script, flags)
-
-
-def _open_fds(skip):
-    fds = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd == skip:
-            continue
-        try:
-            os.fstat(fd)
-        except OSError:  # the directory listing's own descriptor, closed by now
-            continue
-        fds.append(fd)
-    return sorted(fds)
-
-
-def _namespaces():
-    found = {}
-    for kind in ("net", "mnt", "pid", "user", "ipc", "uts"):
-        try:
-            found[kind] = os.stat(f"/proc/self/ns/{kind}").st_ino
-        except OSError:
-            found[kind] = None
-    return found
-
-
-def _stream_setup(stream):
-    return None if stream is None else [stream.encoding, stream.errors]
-
-
-def _request(program, fds):
-    mode, target, flags = program
-    unbuffered = "u" in flags or bool(os.environ.get("PYTHONUNBUFFERED")) and "E" not in flags
-    umask = os.umask(0)
-    os.umask(umask)
-    return {
-        "mode": mode, "target": target, "argv": list(sys.argv), "orig_argv": list(sys.orig_argv),
-        "cwd": os.getcwd(), "env": dict(os.environ), "path": list(sys.path),
-        "executable": sys.executable, "prefix": sys.prefix, "version": sys.version,
-        "namespaces": _namespaces(), "fds": fds, "unbuffered": unbuffered,
-        "dont_write_bytecode": sys.dont_write_bytecode, "safe_path": sys.flags.safe_path,
-        "warnoptions": list(sys.warnoptions), "xoptions": dict(sys._xoptions),
-        "stdio": [_stream_setup(sys.stdin), _stream_setup(sys.stdout), _stream_setup(sys.stderr)],
-        "umask": umask, "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "affinity": sorted(os.sched_getaffinity(0)),
-    }
-
-
-def _relay(conn, reader):
-    """Forward signals to the forked program and end this process the way it ended."""
-    import json
-    import signal
-
-    first = json.loads(reader.readline() or b"null")
-    if not first or "fallback" in first:
-        return False
-    pid = first["pid"]
-
-    def forward(signum, _frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:  # it ended between the signal and this handler
-            return
-
-    try:  # the program runs now: from here on this process must never start it a second time
-        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH"):
-            signal.signal(getattr(signal, name), forward)
-        line = reader.readline()
-        if not line:
-            raise ConnectionError("the server's supervisor closed the connection")
-        status = json.loads(line)
-        if "signal" in status:
-            signal.signal(status["signal"], signal.SIG_DFL)
-            os.kill(os.getpid(), status["signal"])
-        os._exit(status["exit"])
-    except BaseException as error:
-        sys.stderr.write(f"warm python: lost program pid {pid} ({type(error).__name__}: {error})\n")
-        os._exit(70)
-
-
-def _hand_over():
-    path = os.environ.get(ENV)
-    if not path or not os.path.exists(path) or not hasattr(sys, "orig_argv"):
-        return
-    program = _program(sys.orig_argv[1:])
-    if program is None:
-        return
-    import json
-    import socket
-
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-    except OSError:  # the server is gone or not ready: start normally
-        conn.close()
-        return
-    fds = _open_fds(conn.fileno())
-    data = json.dumps(_request(program, fds)).encode()
-    payload = len(data).to_bytes(8, "big") + data
-    sent = socket.send_fds(conn, [payload], fds)
-    if sent < len(payload):
-        conn.sendall(payload[sent:])
-    reader = conn.makefile("rb")
-    if not _relay(conn, reader):
-        reader.close()
-        conn.close()
+    _ds_warm_python_client.hand_over()
+except Exception as error:  # never stop an interpreter from starting: say why, start normally
+    sys.stderr.write(f"warm python: starting normally ({type(error).__name__}: {error})\n")
 
 
 def _chain_next_sitecustomize():
@@ -165,8 +35,4 @@ def _chain_next_sitecustomize():
         spec.loader.exec_module(module)
 
 
-try:
-    _hand_over()
-except Exception as error:  # never stop an interpreter from starting: say why, start normally
-    sys.stderr.write(f"warm python: starting normally ({type(error).__name__}: {error})\n")
 _chain_next_sitecustomize()
