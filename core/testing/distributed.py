@@ -41,7 +41,7 @@ START_TIMEOUT = 120.0
 # After one rank fails the others usually wait in a collective for it; this long is given to
 # ranks that are merely finishing before the pool is killed.
 FAILURE_GRACE = 3.0
-MAX_POOLS = 2  # world sizes kept warm at once (each rank holds a torch interpreter in memory)
+MAX_POOLS = 3  # world sizes kept warm at once (each rank holds a torch interpreter in memory)
 # "spawn": every rank a fresh interpreter (~2-5 s to import torch). "forkserver" (the default):
 # ranks are forked from one clean server process (never from pytest) that imported torch once,
 # so fresh pools and restarts after a failure take ~0.6 s instead of ~5 s.

@@ -1,4 +1,6 @@
-"""pytest plugin for multi-rank tests: the `dist_pool` fixture and pool clean-up at session end.
+"""pytest plugin for multi-rank tests: the `dist_pool` fixture and pool clean-up at session end,
+and `--warm-python`, which runs the Python programs the tests start in forks of one warm
+interpreter (`deepspeed.testing.warm_python`).
 
 Enable it in the root conftest (`pytest_plugins = ["deepspeed.testing.pytest_plugin"]`) or with
 `pytest -p deepspeed.testing.pytest_plugin`. Then:
@@ -6,9 +8,16 @@ Enable it in the root conftest (`pytest_plugins = ["deepspeed.testing.pytest_plu
     def test_sum(dist_pool):
         assert dist_pool.run(_sum_of_ranks, world_size=2) == [1.0, 1.0]
 """
+import os
+
 import pytest
 
+from deepspeed.testing import warm_python
 from deepspeed.testing.distributed import DEFAULT_TIMEOUT, run_distributed, shutdown_pools
+
+# DS_TEST_WARM_PYTHON=0 turns --warm-python off without editing the command line
+WARM_PYTHON_SWITCH = "DS_TEST_WARM_PYTHON"
+_warm_stop = pytest.StashKey()
 
 
 class DistPool:
@@ -27,6 +36,39 @@ class DistPool:
 def dist_pool():
     yield DistPool()
     shutdown_pools()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--warm-python", action="store_true", default=False,
+        help="run the Python programs tests start (launcher ranks, scripts) in forks of one "
+             "interpreter that imported torch once (deepspeed.testing.warm_python); "
+             f"{WARM_PYTHON_SWITCH}=0 turns it off")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "fresh_python: the Python programs this test starts get fresh interpreters "
+                   "even under --warm-python (a test of process identity: pids, parents, what a "
+                   "new interpreter has imported)")
+    # one server per session, started by the xdist controller (or the only process): the
+    # workers inherit its variables
+    if (config.getoption("warm_python") and not os.environ.get(warm_python.ENV)
+            and os.environ.get(WARM_PYTHON_SWITCH, "1") != "0"):
+        config.stash[_warm_stop] = warm_python.start_server()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_python_for_marked_tests(request, monkeypatch):
+    if request.node.get_closest_marker("fresh_python") is not None:
+        warm_python.detach(monkeypatch)
+    yield
+
+
+def pytest_unconfigure(config):
+    stop = config.stash.get(_warm_stop, None)
+    if stop is not None:
+        stop()
 
 
 def pytest_sessionfinish(session, exitstatus):

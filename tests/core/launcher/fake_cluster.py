@@ -58,6 +58,7 @@ class FakeCluster:
         self.namespaces = {}
         self._links = []
         self._etc_dirs = []
+        self._warm_servers = []
         if self.use_netns:
             try:
                 self._create_namespaces()
@@ -71,6 +72,17 @@ class FakeCluster:
             self.namespaces = {host: "" for host in self.hosts}
         self.unreachable = "10.255.255.1" if self.use_netns else "192.0.2.1"  # TEST-NET-1
         self._write_tools()
+        self._start_warm_servers()
+
+    def _start_warm_servers(self):
+        """Under the suite's --warm-python, one warm server per node (in the node's namespace,
+        with its /etc files), as the machine has one: programs started on a node run warm."""
+        from deepspeed.testing import warm_python
+
+        for ns in self.namespaces.values():
+            stop = warm_python.start_node_server(ns) if ns else None
+            if stop is not None:
+                self._warm_servers.append(stop)
 
     @property
     def mode(self):
@@ -125,6 +137,9 @@ class FakeCluster:
             raise
 
     def close(self):
+        for stop in self._warm_servers:
+            stop()
+        self._warm_servers = []
         for ns in self.namespaces.values():
             if ns:
                 subprocess.run(["ip", "netns", "del", ns], check=False, stderr=subprocess.DEVNULL)

@@ -53,6 +53,7 @@ def test_include_with_num_gpus_is_a_value_error(run_deepspeed, workdir):
     assert not list((workdir / "out").iterdir())
 
 
+@pytest.mark.fresh_python  # the launcher names the pid it started; a warm fork has another
 @pytest.mark.parametrize("mode, expected_code, wording", [
     ("exit3", 3, "exited with code 3"),
     ("sigkill", 128 + signal.SIGKILL, "was killed by signal 9 (SIGKILL)"),
@@ -139,6 +140,7 @@ def test_bind_cores_to_rank_gives_each_rank_its_own_core(run_deepspeed, workdir,
     assert all(ranks[r]["env"]["OMP_NUM_THREADS"] == "1" for r in (0, 1))
 
 
+@pytest.mark.fresh_python  # the rank reads the runner's pid file through its parent process
 def test_module_and_save_pid(run_deepspeed, workdir, free_port, read_ranks):
     result = run_deepspeed("--num_gpus", 1, "--module", "--save_pid", "--master_port", free_port,
                            "probe", "--out", "out", "--read_pid_file")

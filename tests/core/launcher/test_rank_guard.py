@@ -92,6 +92,7 @@ def _child_of(proc, timeout=60):
     raise AssertionError("the guard never started its worker")
 
 
+@pytest.mark.fresh_python  # finds the worker among the guard process's children
 def test_sigterm_is_forwarded_and_reported():
     proc = subprocess.Popen(GUARD + [sys.executable, "-c", "import time; time.sleep(600)"],
                             env=_env(PMI_RANK="4"), stdout=subprocess.PIPE,
@@ -108,6 +109,7 @@ def test_sigterm_is_forwarded_and_reported():
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.fresh_python  # finds the worker among the guard process's children
 def test_worker_dies_with_a_killed_guard():
     proc = subprocess.Popen(GUARD + [sys.executable, "-c", "import time; time.sleep(600)"],
                             env=_env(PMI_RANK="0"))

@@ -1,0 +1,154 @@
+"""The warm Python server: a program started under it behaves, seen from outside and from inside,
+as it would in a fresh interpreter (arguments, environment, descriptors, exit status, signals),
+only without importing torch; whatever it cannot reproduce starts normally."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from deepspeed.testing import warm_python
+
+PROGRAM = textwrap.dedent("""
+    import json, os, sys
+    warm = "torch" in sys.modules          # before this program imported anything
+    record = {"warm": warm, "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+              "name": __name__, "file": __file__, "marker": os.environ.get("WARM_TEST_MARKER"),
+              "stdin": sys.stdin.readline().strip(), "pid": os.getpid(),
+              "affinity": sorted(os.sched_getaffinity(0)), "umask": os.umask(0o22)}
+    if len(sys.argv) > 2 and sys.argv[1] == "--fd":
+        os.write(int(sys.argv[2]), b"through an inherited descriptor")
+    print(json.dumps(record))
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(os.environ.get("WARM_TEST_EXIT", "0")))
+""")
+
+
+@pytest.fixture(scope="module")
+def server_env():
+    """An environment pointing at a server of its own (not the session's, if any)."""
+    env = {k: v for k, v in os.environ.items() if k != warm_python.ENV}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != warm_python.SITE_DIR)
+    stop = warm_python.start_server(env=env)
+    assert warm_python.wait_until_ready(env, timeout=120)
+    yield env
+    stop()
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    return path
+
+
+def _run(env, *args, **kwargs):
+    return subprocess.run([sys.executable, *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=60, **kwargs)
+
+
+def test_a_script_runs_warm_with_its_arguments_environment_and_streams(server_env, program,
+                                                                         tmp_path):
+    env = dict(server_env, WARM_TEST_MARKER="m1", WARM_TEST_EXIT="3")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, 0o755)
+    result = _run(env, "-u", program, "a", "b c", input="line one\n", cwd=work)
+    assert result.returncode == 3, result.stderr
+    record = json.loads(result.stdout)
+    assert record["warm"] is True
+    assert record["argv"] == [str(program), "a", "b c"]
+    assert record["cwd"] == str(work)
+    assert record["path0"] == str(program.parent)
+    assert record["name"] == "__main__" and record["file"] == str(program)
+    assert record["marker"] == "m1" and record["stdin"] == "line one"
+    assert record["affinity"] == sorted(os.sched_getaffinity(0))
+    assert result.stderr == "to stderr\n"
+    mask = os.umask(0)
+    os.umask(mask)
+    assert record["umask"] == mask
+
+
+def test_the_same_script_with_c_or_changed_import_time_variables_starts_fresh(server_env, program):
+    fresh = _run(dict(server_env, PYTHONHASHSEED="123"), program, input="\n")
+    assert json.loads(fresh.stdout)["warm"] is False
+    code = "import sys; print('torch' in sys.modules)"
+    assert _run(server_env, "-c", code).stdout.strip() == "False"
+
+
+def test_a_module_runs_as_main_with_the_working_directory_first_on_the_path(server_env, tmp_path):
+    (tmp_path / "warm_probe_mod.py").write_text(
+        "import json, sys\nprint(json.dumps([__name__, sys.argv, sys.path[0]]))\n")
+    result = _run(server_env, "-m", "warm_probe_mod", "x", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    name, argv, path0 = json.loads(result.stdout)
+    assert name == "__main__"
+    assert argv == [str(tmp_path / "warm_probe_mod.py"), "x"]
+    assert path0 == str(tmp_path)
+
+
+def test_descriptors_the_parent_passes_reach_the_program(server_env, program):
+    read, write = os.pipe()
+    try:
+        result = _run(server_env, program, "--fd", write, pass_fds=(write,), input="\n")
+        os.close(write)
+        write = None
+        assert result.returncode == 0, result.stderr
+        assert os.read(read, 100) == b"through an inherited descriptor"
+    finally:
+        os.close(read)
+        if write is not None:
+            os.close(write)
+
+
+def test_an_uncaught_exception_exits_1_with_its_traceback(server_env, tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text("def f():\n    raise ValueError('boom here')\nf()\n")
+    result = _run(server_env, script)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "ValueError: boom here" in result.stderr
+
+
+def _sleeper(tmp_path, env):
+    script = tmp_path / "sleeper.py"
+    pid_file = tmp_path / "pid"
+    script.write_text("import os, sys, time\n"
+                      f"open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+                      f"os.replace({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+                      "time.sleep(120)\n")
+    client = subprocess.Popen([sys.executable, str(script)], env=env)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists():
+        assert time.monotonic() < deadline and client.poll() is None, "the program never started"
+        time.sleep(0.05)
+    return client, int(pid_file.read_text())
+
+
+def _gone(pid, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_signal_to_the_client_reaches_the_program_and_both_end_by_it(server_env, tmp_path):
+    client, pid = _sleeper(tmp_path, server_env)
+    assert pid != client.pid  # the program is the server's fork, the client only relays
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(timeout=30) == -signal.SIGTERM
+    assert _gone(pid)
+
+
+def test_a_killed_client_takes_its_program_along(server_env, tmp_path):
+    client, pid = _sleeper(tmp_path, server_env)
+    client.kill()
+    client.wait(timeout=30)
+    assert _gone(pid)
