@@ -59,10 +59,15 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_python_for_marked_tests(request, monkeypatch):
-    if request.node.get_closest_marker("fresh_python") is not None:
-        warm_python.detach(monkeypatch)
-    yield
+def _fresh_python_for_marked_tests(request):
+    # its own MonkeyPatch, and only for marked tests: taking the test's `monkeypatch` here would
+    # set it up before every other autouse fixture and so undo the test's patches after theirs
+    if request.node.get_closest_marker("fresh_python") is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        warm_python.detach(patch)
+        yield
 
 
 def pytest_unconfigure(config):

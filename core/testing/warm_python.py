@@ -391,6 +391,15 @@ def _run_main(request):
     exec(compile(source, script, "exec", dont_inherit=True), main.__dict__)
 
 
+def _program_frames(traceback):
+    """``traceback`` without this file's frames: the program's traceback as a fresh
+    interpreter prints it."""
+    here = os.path.abspath(__file__)
+    while traceback is not None and traceback.tb_frame.f_code.co_filename == here:
+        traceback = traceback.tb_next
+    return traceback
+
+
 def _exit_code(error):
     if error.code is None:
         return 0
@@ -442,8 +451,9 @@ def _run_program(conn, request, fds):
             sys.stderr.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
+        except BaseException as error:
+            frames = _program_frames(error.__traceback__)  # the hook prints the error's own
+            sys.excepthook(type(error), error.with_traceback(frames), frames)
             code = 1
         _finish(code)
     finally:

@@ -56,7 +56,9 @@ def main():
         want_logits = reference(ids, decoder_input_ids=want[:, :4]).logits \
             if args.model == "t5" else reference(ids).logits
 
-    directory = os.path.join(tempfile.gettempdir(), f"ds_inference_example_{os.getppid()}")
+    # one folder per job, the same on every rank: the launcher's rendezvous port names the job
+    job = os.environ.get("MASTER_PORT") or str(os.getppid())
+    directory = os.path.join(tempfile.gettempdir(), f"ds_inference_example_{job}")
     if rank == 0:  # the training side: a checkpoint and the tutorial's JSON describing it
         os.makedirs(directory, exist_ok=True)
         torch.save(reference.state_dict(), os.path.join(directory, "model.pt"))

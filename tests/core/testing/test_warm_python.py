@@ -113,6 +113,7 @@ def test_an_uncaught_exception_exits_1_with_its_traceback(server_env, tmp_path):
     result = _run(server_env, script)
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "ValueError: boom here" in result.stderr
+    assert "warm_python" not in result.stderr  # the program's own frames only, as when fresh
 
 
 def _sleeper(tmp_path, env):

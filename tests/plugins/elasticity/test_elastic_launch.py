@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from deepspeed.testing.distributed import find_free_port
@@ -79,6 +80,7 @@ def _reference_weights():
     return model.state_dict()
 
 
+@pytest.mark.fresh_python  # kills a node by walking its process tree; a warm program is not in it
 def test_two_one_two_workers(tmp_path):
     port = find_free_port()
     a = _node(tmp_path, port, 0, "node_a")

@@ -24,6 +24,7 @@ def _mpirun():
     return found
 
 
+@pytest.mark.fresh_python  # MPI_Init talks to mpirun's process manager as the process it started
 def test_mpi_backend_under_mpirun():
     mpirun = _mpirun()
     from deepspeed.testing.distributed import find_free_port
