@@ -105,11 +105,11 @@ def start_server(preload=PRELOAD, env=None):
     def stop():
         if not os.path.isdir(folder):  # stopped already (explicitly, then at exit)
             return
-        if env.get(ENV) == path:
+        if env.get(ENV) == folder:
             del env[ENV]
-            parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p != SITE_DIR]
-            if parts:
-                env["PYTHONPATH"] = os.pathsep.join(parts)
+            rest = pythonpath_without_site(env.get("PYTHONPATH", ""))
+            if rest:
+                env["PYTHONPATH"] = rest
             else:
                 env.pop("PYTHONPATH", None)
         _stop(process)
@@ -141,12 +141,17 @@ def start_node_server(netns, preload=PRELOAD, env=None):
     return stop
 
 
+def pythonpath_without_site(pythonpath):
+    """``pythonpath`` without the client's folder: what a fresh interpreter's environment holds."""
+    return os.pathsep.join(p for p in pythonpath.split(os.pathsep) if p and p != SITE_DIR)
+
+
 def detach(monkeypatch):
     """Programs started from now on (within ``monkeypatch``'s scope) get fresh interpreters."""
     monkeypatch.delenv(ENV, raising=False)
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
-    if parts:
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(parts))
+    rest = pythonpath_without_site(os.environ.get("PYTHONPATH", ""))
+    if rest:
+        monkeypatch.setenv("PYTHONPATH", rest)
     else:
         monkeypatch.delenv("PYTHONPATH", raising=False)
 

@@ -33,12 +33,12 @@ PROGRAM = textwrap.dedent("""
 def server_env():
     """An environment pointing at a server of its own (not the session's, if any)."""
     env = {k: v for k, v in os.environ.items() if k != warm_python.ENV}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != warm_python.SITE_DIR)
+    env["PYTHONPATH"] = warm_python.pythonpath_without_site(env.get("PYTHONPATH", ""))
     stop = warm_python.start_server(env=env)
     assert warm_python.wait_until_ready(env, timeout=120)
-    yield env
+    yield dict(env)
     stop()
+    assert warm_python.ENV not in env and warm_python.SITE_DIR not in env.get("PYTHONPATH", "")
 
 
 @pytest.fixture
