@@ -198,7 +198,8 @@ EXT_MODULES, CMDCLASS = native_extensions()
 setup(
     packages=sorted(PACKAGE_DIR),
     package_dir=PACKAGE_DIR,
-    package_data={CSRC_PACKAGE: CSRC_PATTERNS},
+    # warm_site/ is a folder for PYTHONPATH (its sitecustomize), not a package
+    package_data={CSRC_PACKAGE: CSRC_PATTERNS, "deepspeed.testing": ["warm_site/*.py"]},
     ext_modules=EXT_MODULES,
     cmdclass={"build_py": BuildPyRecordingGit, **CMDCLASS},
 )
