@@ -17,6 +17,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 # In a source/editable install this file is <repo>/op_builder/builder.py and the sources are
@@ -25,6 +26,17 @@ from pathlib import Path
 CSRC_ROOT = Path(__file__).resolve().parent.parent / "csrc"
 
 _LOG_TAIL_LINES = 40
+
+
+# next to a JIT build: the hash of what it was built from (``OpBuilder._source_stamp``)
+STAMP_FILENAME = "ds_source_stamp"
+
+
+def _write_text_atomically(path, text):
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="ascii") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
 
 
 def _read_owner(path):
@@ -313,6 +325,11 @@ class OpBuilder:
         sources = self.absolute_sources()
         kwargs = self._jit_kwargs()
         build_dir = self.build_directory(cpp_extension)
+        stamp = self._source_stamp(sources, kwargs)
+        module = self._load_stamped_build(cpp_extension, build_dir, stamp)
+        if module is not None:
+            self._loaded_modules[self.absolute_name()] = module
+            return module
         self._clear_stale_build_lock(build_dir)
         owner = os.path.join(build_dir, "lock.owner")
         try:
@@ -332,8 +349,40 @@ class OpBuilder:
         finally:
             if _read_owner(owner) == os.getpid():
                 os.remove(owner)
+        _write_text_atomically(os.path.join(build_dir, STAMP_FILENAME), stamp)
         self._loaded_modules[self.absolute_name()] = module
         return module
+
+    def _source_stamp(self, sources, kwargs):
+        """A hash of what the build reads (sources, the headers under the include paths, flags,
+        torch and Python versions), not of file times."""
+        import hashlib
+
+        import torch
+
+        digest = hashlib.sha256(repr((sorted(kwargs.items()), torch.__version__, sys.version,
+                                      os.environ.get("CXX", ""))).encode())
+        headers = sorted(str(p) for d in self.absolute_include_paths() if os.path.isdir(d)
+                         for p in Path(d).rglob("*") if p.is_file())
+        for path in list(sources) + headers:
+            digest.update(path.encode())
+            with open(path, "rb") as handle:
+                digest.update(handle.read())
+        return digest.hexdigest()
+
+    def _load_stamped_build(self, cpp_extension, build_dir, stamp):
+        """The built op when its stamp matches, without asking ninja: a fresh clone's sources
+        are newer than the objects, so ninja would recompile identical sources."""
+        library = os.path.join(build_dir, f"{self.NAME}.so")
+        try:
+            with open(os.path.join(build_dir, STAMP_FILENAME), encoding="ascii") as handle:
+                recorded = handle.read().strip()
+        except OSError:  # never built here, or built before stamps existed
+            return None
+        if recorded != stamp or not os.path.exists(library) or \
+                os.path.exists(os.path.join(build_dir, "lock")):
+            return None
+        return cpp_extension._import_module_from_library(self.NAME, build_dir, True)
 
     def builder(self):
         """The setuptools extension for an ahead-of-time (DS_BUILD_*) build."""

@@ -204,3 +204,29 @@ def test_cpu_flags_come_from_proc_without_starting_py_cpuinfo(monkeypatch):
 
     monkeypatch.setattr(cpuinfo, "get_cpu_info", refuse)
     assert builder_module._cpu_flag_set()
+
+
+def test_a_fresh_checkout_of_the_same_sources_reuses_the_build(tmp_path, monkeypatch,
+                                                               fresh_loaded_cache):
+    """A fresh clone's sources are newer than the objects, so ninja alone recompiles them; the
+    content stamp skips that, while a changed source still rebuilds."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    source = tmp_path / "tiny_op.cpp"
+    source.write_text((FIXTURES / "tiny_op.cpp").read_text())
+
+    class Local(TinyOpBuilder):
+        def sources(self):
+            return [str(source)]
+
+    assert Local().load(verbose=False).add(2, 40) == 42
+    first = _built_files(tmp_path / "ext", Local.NAME)
+    later = os.stat(source).st_mtime + 3600  # as after `git clone`: sources newer than objects
+    os.utime(source, (later, later))
+    monkeypatch.setattr(OpBuilder, "_loaded_modules", {})
+    assert Local().load(verbose=False).add(1, 2) == 3
+    assert _built_files(tmp_path / "ext", Local.NAME) == first  # not recompiled
+
+    source.write_text(source.read_text() + "\n// changed\n")
+    monkeypatch.setattr(OpBuilder, "_loaded_modules", {})
+    Local().load(verbose=False)
+    assert _built_files(tmp_path / "ext", Local.NAME) != first  # a real change rebuilds
