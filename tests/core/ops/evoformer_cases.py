@@ -29,9 +29,10 @@ def variant(name, b=1, n_seq=3, n_res=20, heads=2, dim=8):
     return qkv, biases
 
 
-def compare(name, dtype, device="cpu", backend=None, bias_grad=True):
-    """Max abs differences (forward, dQ, dK, dV, dbias...) are within TOL[dtype]; raises if not."""
-    (q, k, v), biases = variant(name)
+def compare(name, dtype, device="cpu", backend=None, bias_grad=True, **shape):
+    """Max abs differences (forward, dQ, dK, dV, dbias...) are within TOL[dtype]; raises if not.
+    ``shape``: ``variant``'s sizes, where a caller needs other than the defaults."""
+    (q, k, v), biases = variant(name, **shape)
     leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
     bias_leaves = [b.to(device, dtype).requires_grad_(bias_grad and i == len(biases) - 1)
                    for i, b in enumerate(biases)]

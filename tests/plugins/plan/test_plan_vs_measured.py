@@ -15,7 +15,8 @@ from parallel_scenarios import (expert_parallel_plan, measure_expert_parallel, m
                                 sequence_parallel_plan, tensor_parallel_plan)
 
 from deepspeed.plan.measure import (MEMORY_CASES, VALIDATION_BATCH, VALIDATION_CASES,
-                                    measure_validation_set, validation_config, validation_plan)
+                                    frozen_heap, measure_validation_set, validation_config,
+                                    validation_plan)
 
 
 # the model-parallel scenarios: (case name, measurement, the planner's prediction)
@@ -31,10 +32,11 @@ def measure_all(memory_runs=3, scenario_runs=2):
     run]}``. The suite runs each ZeRO memory case three times (the benchmark five): the median
     of six peaks still passes over the occasional run one model copy high; the scenarios,
     whose peaks vary less (a few hundred bytes), twice."""
-    found = measure_validation_set(memory_runs)
-    for name, (measure, _) in SCENARIOS.items():
-        runs = [measure() for _ in range(scenario_runs)]
-        found[name] = (runs[0][0], [peak for _, peak in runs])
+    with frozen_heap():  # one full garbage collection for the whole job, not one per run
+        found = measure_validation_set(memory_runs)
+        for name, (measure, _) in SCENARIOS.items():
+            runs = [measure() for _ in range(scenario_runs)]
+            found[name] = (runs[0][0], [peak for _, peak in runs])
     return found
 
 

@@ -19,9 +19,9 @@ def _close(got, want, dtype):
     torch.testing.assert_close(got.double(), want.double(), **tol)
 
 
-def _matmul_case(mode, trans_a, trans_b, block, dtype, backend="torch", device="cpu"):
+def _matmul_case(mode, trans_a, trans_b, block, dtype, backend="torch", device="cpu", z=2):
     gen = torch.Generator().manual_seed(block + 3 * trans_a + 5 * trans_b)
-    z, h, seq, k = 2, 2, 4 * block, 24
+    h, seq, k = 2, 4 * block, 24
     layout = layout_for(h, seq, block)
     a, b, reference = dense_operands(mode, trans_a, trans_b, z, h, seq, k, layout, block, dtype, gen)
     a, b = a.to(device).requires_grad_(), b.to(device).requires_grad_()
@@ -54,9 +54,9 @@ def test_matmul_half_precision(mode, dtype):
         _close(got, want, dtype)
 
 
-def _softmax_case(block, dtype, backend="torch", masks=True, device="cpu"):
+def _softmax_case(block, dtype, backend="torch", masks=True, device="cpu", z=2):
     gen = torch.Generator().manual_seed(block)
-    z, h, seq = 2, 2, 4 * block
+    h, seq = 2, 4 * block
     layout = layout_for(h, seq, block)
     x = torch.randn(z, int(layout.sum()), block, block, generator=gen).to(dtype).requires_grad_()
     rpe = torch.randn(h, seq, seq, generator=gen) if masks else None
