@@ -58,14 +58,17 @@ def frozen_heap():
     (counted here: ``gc.get_freeze_count()`` walks the whole frozen list, ~40 ms)."""
     global _frozen_depth
     gc.collect()
-    if _frozen_depth == 0:
+    # a heap someone else froze (a test rank freezes what it inherited) stays frozen: unfreeze
+    # would thaw theirs too, so then this block only collects
+    owner = _frozen_depth == 0 and gc.get_freeze_count() == 0
+    if owner:
         gc.freeze()
     _frozen_depth += 1
     try:
         yield
     finally:
         _frozen_depth -= 1
-        if _frozen_depth == 0:
+        if owner:
             gc.unfreeze()
 
 
