@@ -92,16 +92,6 @@ def cluster(tmp_path_factory):
         yield fake
 
 
-@pytest.fixture
-def job(tmp_path, cluster, free_port):
-    """A multi-node launch in tmp_path (see multinode_job.Job); its workers are killed afterwards."""
-    from multinode_job import Job
-
-    launch = Job(tmp_path, cluster, free_port, _clean_env())
-    yield launch
-    launch.cleanup()
-
-
 @pytest.fixture(scope="module")
 def shared_job(tmp_path_factory, cluster):
     """`shared_job(key, starts)`: a multi-node launch that several tests of a module read.
