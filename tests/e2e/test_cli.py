@@ -39,8 +39,9 @@ def read_reports(folder, n):
 
 
 def test_readme_demo_trains_on_two_processes():
+    """20 steps: the demo exits non-zero unless its loss fell, which it does within 8."""
     out = run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
-               "examples/train_demo.py", "--steps", "100"])
+               "examples/train_demo.py", "--steps", "20"])
     assert "world size        : 2 (backend gloo)" in out
     assert "replicas identical: True" in out
 

@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -91,37 +92,40 @@ def cluster(tmp_path_factory):
         yield fake
 
 
-@pytest.fixture
-def job(tmp_path, cluster, free_port):
-    """A multi-node launch in tmp_path (see multinode_job.Job); its workers are killed afterwards."""
-    from multinode_job import Job
-
-    launch = Job(tmp_path, cluster, free_port, _clean_env())
-    yield launch
-    launch.cleanup()
-
-
 @pytest.fixture(scope="module")
 def shared_job(tmp_path_factory, cluster):
-    """`shared_job(key, start)`: a multi-node launch that several tests of a module read. The first
-    test asking for `key` runs `start(job)` on a fresh Job; later ones get that same Job back, so
-    one launch (seconds of process start-up on every node) serves each test's own assertions."""
+    """`shared_job(key, starts)`: a multi-node launch that several tests of a module read.
+    `starts` maps keys to `start(job)` functions (one launch each); the first test asking for any
+    of them runs every launch of `starts` not run yet *at the same time*, each `start` on a fresh
+    Job in its own thread, and later tests get their key's Job back. So one launch serves each
+    test's own assertions, and the launches of a module overlap their waits (process start-up,
+    rendezvous, teardown on every node) instead of queueing: they are independent jobs on their
+    own ports, told apart by their DS_TEST_JOB tags. A failure, timeout or skip inside a `start`
+    is raised in every test that reads that key."""
     from deepspeed.testing import find_free_port
     from multinode_job import Job
 
     jobs, outcomes = {}, {}
 
-    def get(key, start):
-        if key not in jobs:
-            job_ = Job(tmp_path_factory.mktemp(f"shared-{key}"), cluster, find_free_port(),
-                       _clean_env())
-            jobs[key] = job_
-            try:
-                start(job_)
-            except BaseException as exc:  # a failure, timeout or skip: every reader sees it
-                outcomes[key] = exc
-            finally:
-                job_.cleanup()
+    def run(key, start):
+        try:
+            start(jobs[key])
+        except BaseException as exc:  # a failure, timeout or skip: every reader sees it
+            outcomes[key] = exc
+        finally:
+            jobs[key].cleanup()
+
+    def get(key, starts):
+        pending = {k: start for k, start in starts.items() if k not in jobs}
+        for k in pending:
+            jobs[k] = Job(tmp_path_factory.mktemp(f"shared-{k}"), cluster, find_free_port(),
+                          _clean_env())
+        threads = [threading.Thread(target=run, args=item, name=f"job-{item[0]}")
+                   for item in pending.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         if key in outcomes:
             raise outcomes[key]
         return jobs[key]

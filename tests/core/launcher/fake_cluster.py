@@ -17,6 +17,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -83,6 +84,21 @@ class FakeCluster:
             stop = warm_python.start_node_server(ns) if ns else None
             if stop is not None:
                 self._warm_servers.append(stop)
+        if self._warm_servers:
+            self._wait_for_warm_servers(warm_python)
+
+    def _wait_for_warm_servers(self, warm_python, timeout=120.0):
+        """Until every node's server listens: a program started on a node before then runs in
+        a fresh interpreter, so the first launches (their ranks at once) would each import
+        torch beside the servers still importing it. The socket appears once the server's
+        preloads are imported; it is named after the node's network namespace (inode of
+        /run/netns/<name>), as start_node_server names it."""
+        folder = os.environ[warm_python.ENV]
+        paths = [os.path.join(folder, f"net-{os.stat(os.path.join('/run/netns', ns)).st_ino}.sock")
+                 for ns in self.namespaces.values() if ns]
+        deadline = time.monotonic() + timeout
+        while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     @property
     def mode(self):

@@ -137,11 +137,3 @@ class Job:
                 proc.wait()
         for worker in self.workers().values():
             worker.kill()
-
-
-@pytest.fixture(autouse=True)
-def _stop_leftovers(request):
-    yield
-    job_ = request.node.funcargs.get("job")
-    if job_ is not None:
-        job_.cleanup()

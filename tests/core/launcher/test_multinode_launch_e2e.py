@@ -5,6 +5,9 @@ installed) over ssh, MPICH's `mpirun` (hydra over ssh), srun, and the torchrun-l
 form started on each node by hand. The nodes are network namespaces with their own addresses
 where the test may create them, else loopback addresses (see fake_cluster.py). The workers are
 the README demo (examples/train_demo.py) or a probe that records where each rank ran.
+
+The four forms' launches of each kind run at the same time (`shared_job`): they are independent
+jobs on their own ports, and most of a launch's wall time is waiting on its processes.
 """
 import subprocess
 import time
@@ -19,15 +22,19 @@ FORMS = ("pdsh", "mpich", "slurm", "no_ssh")
 RANK_DEATH_BOUND_S = 45
 
 
-def probe_then_demo(shared_job, form):
-    """One launch per form, shared by the two tests below: each rank records where it ran
-    (node_probe.py), then trains the README demo in the group it joined."""
+def _probe_then_demo(form):
     def start(job):
         job.codes = job.run(job.command(
             form, ["node_probe.py", "--out", "out", "--then", DEMO, "--steps", 8, "--samples", 512,
                    "--print_every", 4], job.hostfile()))
 
-    return shared_job(form, start)
+    return start
+
+
+def probe_then_demo(shared_job, form):
+    """One launch per form, shared by the two tests below: each rank records where it ran
+    (node_probe.py), then trains the README demo in the group it joined."""
+    return shared_job(form, {f: _probe_then_demo(f) for f in FORMS})
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -56,28 +63,38 @@ def test_ranks_land_on_their_nodes(shared_job, form):
             assert record["address"] == host  # the rank really ran in that node's namespace
 
 
+def _kill_rank_1(form):
+    """Train the demo until step 2, SIGKILL rank 1's worker, and record how the job ended."""
+    def start(job):
+        job.start(job.command(form, [DEMO, "--epochs", 100000, "--samples", 256,
+                                     "--print_every", 1], job.hostfile()))
+        job.wait_for("step    2:", timeout=200)
+        workers = job.workers()
+        assert sorted(workers) == [0, 1], job.text[-4000:]
+        job.victim = workers[1]
+        job.victim.kill()
+        killed_at = time.monotonic()
+        try:
+            job.codes = job.wait(timeout=RANK_DEATH_BOUND_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{form}: the job was still running {RANK_DEATH_BOUND_S} s after rank 1 "
+                        f"died:\n{job.text[-4000:]}")
+        job.ended_after = time.monotonic() - killed_at
+        job.outlived = psutil.wait_procs(list(workers.values()), timeout=10)[1]
+
+    return start
+
+
 @pytest.mark.parametrize("form", FORMS)
-def test_killing_one_rank_ends_the_job_everywhere(job, form):
-    job.start(job.command(form, [DEMO, "--epochs", 100000, "--samples", 256, "--print_every", 1],
-                          job.hostfile()))
-    job.wait_for("step    2:", timeout=200)
-    workers = job.workers()
-    assert sorted(workers) == [0, 1], job.text[-4000:]
-    victim = workers[1]
-    victim.kill()
-    killed_at = time.monotonic()
-    try:
-        codes = job.wait(timeout=RANK_DEATH_BOUND_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{form}: the job was still running {RANK_DEATH_BOUND_S} s after rank 1 died:"
-                    f"\n{job.text[-4000:]}")
-    print(f"{form}: job ended {time.monotonic() - killed_at:.1f} s after rank 1 was killed")
-    assert all(code != 0 for code in codes), job.text[-4000:]
-    assert psutil.wait_procs(list(workers.values()), timeout=10)[1] == [], "a worker outlived the job"
+def test_killing_one_rank_ends_the_job_everywhere(shared_job, form):
+    job = shared_job(f"kill-{form}", {f"kill-{f}": _kill_rank_1(f) for f in FORMS})
+    print(f"{form}: job ended {job.ended_after:.1f} s after rank 1 was killed")
+    assert all(code != 0 for code in job.codes), job.text[-4000:]
+    assert job.outlived == [], "a worker outlived the job"
     if form in ("pdsh", "no_ssh"):  # the per-node launcher names it
-        expected = f"rank 1 (local rank 0, pid {victim.pid}) was killed by signal 9 (SIGKILL)"
+        expected = f"rank 1 (local rank 0, pid {job.victim.pid}) was killed by signal 9 (SIGKILL)"
     else:  # the rank guard around each MPI/srun-started worker names it
         variable = {"mpich": "PMI_RANK", "slurm": "SLURM_PROCID"}[form]
-        expected = f"rank 1 (from {variable}, pid {victim.pid} on "
+        expected = f"rank 1 (from {variable}, pid {job.victim.pid} on "
     assert expected in job.text, job.text[-4000:]
     assert "was killed by signal 9 (SIGKILL)" in job.text
