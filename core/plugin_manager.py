@@ -22,7 +22,7 @@ from importlib import metadata
 import pluggy
 
 from deepspeed import hooks
-from deepspeed.utils.entry_points import distribution_of, entry_points_of
+from deepspeed.utils.entry_points import distribution_of, entry_points_of, scan_key
 
 ENTRY_POINT_GROUP = "deepspeed.plugins"
 
@@ -94,19 +94,46 @@ def _load_entry_point(name, value):
     return metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
 
 
+_installed = [None, None]  # [scan_key() when read, specs]
+
+
 def installed_plugins():
     """``{name: PluginSpec}`` of every plugin installed in this environment, sorted by name.
-    A third-party plugin registered under a built-in's name replaces the built-in."""
-    return {name: PluginSpec(name, ep.value, *distribution_of(ep))
-            for name, ep in entry_points_of(ENTRY_POINT_GROUP).items()}
+    A third-party plugin registered under a built-in's name replaces the built-in. Read again
+    only when what is installed may have changed (``scan_key``): parsing each plugin's
+    distribution metadata was most of a ``deepspeed.initialize`` on a small model."""
+    key = scan_key()
+    if _installed[0] != key:
+        _installed[:] = [key, {name: PluginSpec(name, ep.value, *distribution_of(ep))
+                               for name, ep in entry_points_of(ENTRY_POINT_GROUP).items()}]
+    return dict(_installed[1])
 
 
 def _instantiate(obj):
     return obj() if inspect.isclass(obj) else obj
 
 
+class _HookManager(pluggy.PluginManager):
+    """pluggy's manager, reading a plugin class's hook implementations once per process: each
+    engine registers fresh instances of every installed plugin (and again the enabled ones),
+    and pluggy inspects every attribute of each (~14 ms of a small model's
+    ``deepspeed.initialize``). A class's markers are fixed, so its answers are kept; a plugin
+    that is a module, or an attribute set on an instance, is inspected every time."""
+
+    _opts_of_class = {}  # (plugin class, attribute name) -> hookimpl options or None
+
+    def parse_hookimpl_opts(self, plugin, name):
+        if inspect.ismodule(plugin) or name in getattr(plugin, "__dict__", ()):
+            return super().parse_hookimpl_opts(plugin, name)
+        key = (type(plugin), name)
+        if key not in self._opts_of_class:
+            self._opts_of_class[key] = super().parse_hookimpl_opts(plugin, name)
+        opts = self._opts_of_class[key]
+        return None if opts is None else dict(opts)
+
+
 def new_hook_manager():
-    pm = pluggy.PluginManager(hooks.PROJECT_NAME)
+    pm = _HookManager(hooks.PROJECT_NAME)
     pm.add_hookspecs(hooks)
     return pm
 

@@ -8,8 +8,27 @@ an extension replaces a built-in without editing this package.
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import sys
 
 _OWN_DISTRIBUTION = "deepspeed"
+_SCANS = {}  # group -> (scan_key() when read, {name: EntryPoint})
+
+
+def scan_key():
+    """What an entry-point scan depends on: ``sys.path`` with each entry's modification time
+    (installing or removing a distribution adds or removes a folder in one of them, which
+    changes it), and the ``entry_points`` function itself (tests replace it). Reading every
+    installed distribution's metadata costs ~20 ms, and each ``deepspeed.initialize`` asks;
+    a scan is redone only when this key changes."""
+    state = []
+    for entry in sys.path:
+        try:
+            mtime = os.stat(entry or ".").st_mtime_ns
+        except OSError:
+            mtime = None
+        state.append((entry, mtime))
+    return importlib.metadata.entry_points, tuple(state)
 
 
 def distribution_of(entry_point):
@@ -25,7 +44,11 @@ def _is_builtin(entry_point):
 
 
 def entry_points_of(group):
-    """{name: EntryPoint} of one group, read afresh so packages installed at runtime count."""
+    """{name: EntryPoint} of one group; packages installed at runtime count (see ``scan_key``)."""
+    key = scan_key()
+    cached = _SCANS.get(group)
+    if cached is not None and cached[0] == key:
+        return dict(cached[1])
     found = importlib.metadata.entry_points()
     if hasattr(found, "select"):
         found = found.select(group=group)
@@ -36,4 +59,6 @@ def entry_points_of(group):
         previous = chosen.get(entry_point.name)
         if previous is None or (_is_builtin(previous) and not _is_builtin(entry_point)):
             chosen[entry_point.name] = entry_point
-    return dict(sorted(chosen.items()))
+    chosen = dict(sorted(chosen.items()))
+    _SCANS[group] = (key, chosen)
+    return dict(chosen)

@@ -102,3 +102,44 @@ def test_check_compatibility_accepts_plain_objects():
     check_compatibility({"a": A(), "b": B()})
     with pytest.raises(PluginError, match="'a' requires plugin 'b'"):
         check_compatibility({"a": A()})
+
+
+def test_installed_plugins_are_read_once_until_an_install_changes_a_path_folder(tmp_path,
+                                                                                monkeypatch):
+    """Every ``deepspeed.initialize`` asks for the installed plugins; their distribution
+    metadata is parsed again only when a ``sys.path`` folder changed (an install or removal
+    adds or removes a folder there), not on every engine."""
+    from deepspeed import plugin_manager
+
+    read = []
+    real = plugin_manager.distribution_of
+    monkeypatch.setattr(plugin_manager, "distribution_of", lambda ep: read.append(ep) or real(ep))
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    first = installed_plugins()
+    assert read, "the first call after a sys.path change reads the metadata"
+    read.clear()
+    assert installed_plugins() == first and not read
+    (site / "new_package-1.0.dist-info").mkdir()  # what an install leaves behind
+    assert installed_plugins() == first and read
+
+
+def test_a_hook_set_on_one_instance_is_not_taken_for_its_class():
+    """Hook markers are read once per plugin class; an implementation added to one instance
+    still counts for that instance only."""
+    from deepspeed import hookimpl
+    from deepspeed.plugin_manager import new_hook_manager
+
+    class Plain:
+        pass
+
+    def deepspeed_config_sections():
+        return {"only_this_one": DeepSpeedConfigModel}
+
+    marked = Plain()
+    marked.deepspeed_config_sections = hookimpl(deepspeed_config_sections)
+    pm = new_hook_manager()
+    pm.register(marked, name="marked")
+    pm.register(Plain(), name="plain")
+    assert [impl.plugin_name for impl in pm.hook.deepspeed_config_sections.get_hookimpls()] == ["marked"]
