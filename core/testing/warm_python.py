@@ -226,10 +226,12 @@ def _program_path(request):
     return path
 
 
-def refusal(request, server_env, identity, watched=(), packages=None):
+def refusal(request, server_env, identity, watched=(), packages=None, written=None):
     """Why this server must not run the request (None when it can). ``watched``: variables its
-    extra preloads read while importing; ``packages``: {name: file} of the preloaded packages
-    that the program's sys.path must find at the same place."""
+    extra preloads read while importing, which must have the server's value or the value those
+    imports ``written`` ({key: value}) set (a program started by one that imported them
+    inherits that: torch's TORCHINDUCTOR_CACHE_DIR); ``packages``: {name: file} of the
+    preloaded packages that the program's sys.path must find at the same place."""
     if request["executable"] != sys.executable and \
             os.path.realpath(request["executable"]) != os.path.realpath(sys.executable):
         return "another interpreter"
@@ -242,8 +244,13 @@ def refusal(request, server_env, identity, watched=(), packages=None):
     if len(request["fds"]) != len(set(request["fds"])):
         return "descriptor list"
     client_env = request["env"]
+    written = written or {}
     for key in set(client_env) | set(server_env):
-        if (_import_time_env(key) or key in watched) and client_env.get(key) != server_env.get(key):
+        value = client_env.get(key)
+        if _import_time_env(key) and value != server_env.get(key):
+            return f"{key} differs"
+        if key in watched and value != server_env.get(key) and \
+                (key not in written or value != written[key]):
             return f"{key} differs"
     if packages:
         import importlib.machinery
@@ -374,7 +381,7 @@ def serve(path, preload=PRELOAD, hf_preload=()):
         fds = []
         try:
             request, fds = _read_request(conn)
-            reason = refusal(request, server_env, identity, watched, packages)
+            reason = refusal(request, server_env, identity, watched, packages, _IMPORT_WRITES)
             if log is not None:
                 log.write(json.dumps([request["mode"], request["target"], reason]) + "\n")
                 log.flush()
