@@ -21,13 +21,17 @@ a client that dies takes the program's process group with it. The client relays 
 What differs from a fresh interpreter, and why that is accepted for tests: the program's
 parent is the supervisor (``os.getppid()``, process trees, ``psutil`` children of the launcher);
 its command line in ``/proc`` is the server's; every fork shares the server's str hash seed
-(as the rank pools' forked ranks do); modules listed in ``PRELOAD`` are already imported.
+(as the rank pools' forked ranks do); modules listed in ``PRELOAD`` are already imported, and
+in a script that imports transformers or accelerate also those of ``HF_PRELOAD`` (the "hf"
+flavour: a second server forked from the first, see ``HF_PRELOAD`` for what it declines).
 Programs that need a fresh interpreter run with ``DS_WARM_PYTHON`` unset (the client then
 starts normally); the server itself declines, and the client starts normally, for ``-c``,
 ``-W``/``-X`` options, another interpreter or namespace, and import-time variables
 (``IMPORT_TIME_ENV``) that differ from the server's.
 
 Standard library only: this file is also imported by the suite's conftest to start the server.
+Longer than 600 lines on purpose: the server runs this file as a script, outside the deepspeed
+package, so starting, serving, supervising and becoming the program stay in one file.
 """
 import atexit
 import collections.abc
