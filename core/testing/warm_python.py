@@ -21,15 +21,20 @@ a client that dies takes the program's process group with it. The client relays 
 What differs from a fresh interpreter, and why that is accepted for tests: the program's
 parent is the supervisor (``os.getppid()``, process trees, ``psutil`` children of the launcher);
 its command line in ``/proc`` is the server's; every fork shares the server's str hash seed
-(as the rank pools' forked ranks do); modules listed in ``PRELOAD`` are already imported.
+(as the rank pools' forked ranks do); modules listed in ``PRELOAD`` are already imported, and
+in a script that imports transformers or accelerate also those of ``HF_PRELOAD`` (the "hf"
+flavour: a second server forked from the first, see ``HF_PRELOAD`` for what it declines).
 Programs that need a fresh interpreter run with ``DS_WARM_PYTHON`` unset (the client then
 starts normally); the server itself declines, and the client starts normally, for ``-c``,
 ``-W``/``-X`` options, another interpreter or namespace, and import-time variables
 (``IMPORT_TIME_ENV``) that differ from the server's.
 
 Standard library only: this file is also imported by the suite's conftest to start the server.
+Longer than 600 lines on purpose: the server runs this file as a script, outside the deepspeed
+package, so starting, serving, supervising and becoming the program stay in one file.
 """
 import atexit
+import collections.abc
 import gc
 import io
 import json
@@ -62,6 +67,14 @@ def _load_client():
 _client = _load_client()
 ENV = _client.ENV  # the folder of the servers' sockets, one per network namespace
 PRELOAD = ("torch",)
+# the "hf" flavour: a second server, forked from the first once torch is imported, that has also
+# imported the Hugging Face stack (transformers' Trainer pulls in accelerate, torch._dynamo and
+# most of transformers: ~4 CPU s of every Trainer script). The client sends it the scripts that
+# import transformers or accelerate (its FLAVOURS). It declines a program whose environment
+# differs from its own in a variable these imports read (recorded while importing them) or
+# whose sys.path finds another copy of a preloaded package; the plain server then runs it.
+HF_PRELOAD = ("transformers.trainer",)
+HF_PACKAGES = ("transformers", "accelerate", "huggingface_hub")
 # variables the interpreter or a preloaded module reads while starting: a program whose value
 # differs from the server's starts normally (prefix match, minus ALLOWED_ENV, which are read at
 # use or applied to the fork). Other TORCH* variables (TORCHINDUCTOR_*, TORCH_EXTENSIONS_DIR,
@@ -72,14 +85,22 @@ IMPORT_TIME_ENV = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "LD_", "MALLOC", "
 ALLOWED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
                "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _HIGH_FD = 1000  # received descriptors wait above this while they move to their numbers
+_IMPORT_WRITES = {}  # environment variables the flavoured server's preloads set or deleted
 
 
 # ---------------------------------------------------------------- starting and stopping it --
 
-def _start(path, preload, env, prefix=()):
+def _start(path, preload, env, prefix=(), hf_preload=()):
     server_env = {k: v for k, v in env.items() if k != ENV}
-    return subprocess.Popen([*prefix, sys.executable, os.path.abspath(__file__), path, *preload],
-                            env=server_env, stdin=subprocess.DEVNULL)
+    flavoured = ["--hf", *hf_preload] if hf_preload else []
+    return subprocess.Popen([*prefix, sys.executable, os.path.abspath(__file__), path, *preload,
+                             *flavoured], env=server_env, stdin=subprocess.DEVNULL)
+
+
+def _hf_installed():
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
 
 
 def _stop(process):
@@ -92,14 +113,17 @@ def _stop(process):
             process.wait()
 
 
-def start_server(preload=PRELOAD, env=None):
+def start_server(preload=PRELOAD, env=None, hf_preload=None):
     """Start a server for this process's environment and network namespace and point ``env``
-    (default os.environ) at it. Returns a stop function. The socket appears once the preloads
-    are imported; clients started before then start normally."""
+    (default os.environ) at it; with ``hf_preload`` (default HF_PRELOAD where transformers is
+    installed) also its "hf" flavour. Returns a stop function. A socket appears once its
+    preloads are imported; clients started before then start normally."""
     env = os.environ if env is None else env
+    if hf_preload is None:
+        hf_preload = HF_PRELOAD if _hf_installed() else ()
     folder = tempfile.mkdtemp(prefix="ds-warm-python-")
     path = _client.socket_path(folder)
-    process = _start(path, preload, env)
+    process = _start(path, preload, env, hf_preload=hf_preload)
     env[ENV] = folder
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH", "")) if p)
 
@@ -157,10 +181,11 @@ def detach(monkeypatch):
         monkeypatch.delenv("PYTHONPATH", raising=False)
 
 
-def wait_until_ready(env=None, timeout=60.0):
-    """True once the server named in ``env`` accepts programs (for tests of the server)."""
+def wait_until_ready(env=None, timeout=60.0, flavour=""):
+    """True once the server named in ``env`` (its ``flavour``) accepts programs (for tests of
+    the server)."""
     folder = (os.environ if env is None else env).get(ENV)
-    path = folder and _client.socket_path(folder)
+    path = folder and _client.socket_path(folder, flavour)
     deadline = time.monotonic() + timeout
     while path and time.monotonic() < deadline:
         if os.path.exists(path):
@@ -196,8 +221,22 @@ def _import_time_env(key):
     return key.startswith(IMPORT_TIME_ENV) and not key.startswith(ALLOWED_ENV) and key != "PYTHON"
 
 
-def refusal(request, server_env, identity):
-    """Why this server must not run the request (None when it can)."""
+def _program_path(request):
+    """The program's sys.path, as ``_become`` sets it."""
+    path = list(request["path"])
+    if not request["safe_path"]:
+        script = request["target"]
+        path.insert(0, request["cwd"] if request["mode"] == "module"
+                    else os.path.dirname(os.path.realpath(os.path.join(request["cwd"], script))))
+    return path
+
+
+def refusal(request, server_env, identity, watched=(), packages=None, written=None):
+    """Why this server must not run the request (None when it can). ``watched``: variables its
+    extra preloads read while importing, which must have the server's value or the value those
+    imports ``written`` ({key: value}) set (a program started by one that imported them
+    inherits that: torch's TORCHINDUCTOR_CACHE_DIR); ``packages``: {name: file} of the
+    preloaded packages that the program's sys.path must find at the same place."""
     if request["executable"] != sys.executable and \
             os.path.realpath(request["executable"]) != os.path.realpath(sys.executable):
         return "another interpreter"
@@ -210,9 +249,22 @@ def refusal(request, server_env, identity):
     if len(request["fds"]) != len(set(request["fds"])):
         return "descriptor list"
     client_env = request["env"]
+    written = written or {}
     for key in set(client_env) | set(server_env):
-        if _import_time_env(key) and client_env.get(key) != server_env.get(key):
+        value = client_env.get(key)
+        if _import_time_env(key) and value != server_env.get(key):
             return f"{key} differs"
+        if key in watched and value != server_env.get(key) and \
+                (key not in written or value != written[key]):
+            return f"{key} differs"
+    if packages:
+        import importlib.machinery
+
+        path = _program_path(request)
+        for name, origin in packages.items():
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.origin != origin:
+                return f"another {name}"
     return None
 
 
@@ -226,16 +278,100 @@ def _reap_supervisors(_signum, _frame):
             return
 
 
-def serve(path, preload=PRELOAD):
-    """The server's loop: preload, listen on ``path``, fork a supervisor per program."""
+class _EnvironmentReads(collections.abc.MutableMapping):
+    """``os.environ`` while the extra preloads import: notes every variable read, so the
+    flavoured server can decline programs whose value differs (``iterated`` when a module read
+    the whole environment, which leaves the variables it used unknown)."""
+
+    def __init__(self, real):
+        self.real, self.read, self.iterated = real, set(), False
+        self.written = {}  # key -> value set, or None: deleted
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return self.real[key]
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return key in self.real
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return self.real.get(key, default)
+
+    def __setitem__(self, key, value):
+        self.real[key] = value
+        self.written[key] = value
+
+    def __delitem__(self, key):
+        del self.real[key]
+        self.written[key] = None
+
+    def __iter__(self):
+        self.iterated = True
+        return iter(self.real)
+
+    def __len__(self):
+        return len(self.real)
+
+    def copy(self):
+        self.iterated = True
+        return self.real.copy()
+
+
+def _import_watching_environment(modules):
+    """Import ``modules``; return the environment variables read meanwhile, those set (or
+    deleted: None) meanwhile, and the files of the preloaded HF_PACKAGES. Exits when a module
+    read the whole environment."""
+    real = os.environ
+    reads = _EnvironmentReads(real)
+    os.environ = reads
+    try:
+        for name in modules:
+            __import__(name)
+    finally:
+        os.environ = real
+    if reads.iterated:
+        sys.stderr.write("warm python: the hf preloads read the whole environment; no hf server\n")
+        os._exit(0)
+    packages = {name: sys.modules[name].__spec__.origin for name in HF_PACKAGES
+                if name in sys.modules}
+    return frozenset(reads.read), reads.written, packages
+
+
+def _end(flavoured):
+    """SIGTERM: end the flavoured server first, so that no socket of it appears after this
+    server's stop() emptied the folder."""
+    if flavoured:
+        try:
+            os.kill(flavoured, signal.SIGKILL)
+            os.waitpid(flavoured, 0)
+        except (ProcessLookupError, ChildProcessError):
+            flavoured = None  # it ended and was reaped already: nothing left to wait for
+    os._exit(0)
+
+
+def serve(path, preload=PRELOAD, hf_preload=()):
+    """The server's loop: preload, listen on ``path``, fork a supervisor per program. With
+    ``hf_preload``, a fork of it (once ``preload`` is imported) imports those too and serves the
+    "hf" flavour's socket next to ``path``."""
     _die_with_parent()
     for name in preload:
         __import__(name)
-    # the preloaded heap (torch) lives as long as every program forked from here: frozen, a
-    # program's full collections skip it, and no longer copy each page they would have touched
+    server_env = dict(os.environ)  # as every program's interpreter starts, before any preload
+    watched, packages, flavoured = frozenset(), None, None
+    if hf_preload:
+        flavoured = os.fork()
+        if flavoured == 0:
+            global _IMPORT_WRITES
+            _die_with_parent()
+            flavoured = None
+            path = path[:-len(".sock")] + ".hf.sock"
+            watched, _IMPORT_WRITES, packages = _import_watching_environment(hf_preload)
+    # the preloaded heap lives as long as every program forked from here: frozen, a program's
+    # full collections skip it, and no longer copy each page they would have touched
     gc.collect()
     gc.freeze()
-    server_env = dict(os.environ)
     identity = _client.identity()
     # DS_WARM_PYTHON_LOG: one JSON line per program (mode, target, why it started fresh or null)
     log_path = os.environ.get(LOG_ENV)
@@ -248,13 +384,13 @@ def serve(path, preload=PRELOAD):
     # reaping the supervisors (rather than SIG_IGN) keeps their CPU time in this process's
     # children times, so `time pytest` still counts every program's CPU
     signal.signal(signal.SIGCHLD, _reap_supervisors)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: _end(flavoured))
     while True:
         conn, _ = listener.accept()
         fds = []
         try:
             request, fds = _read_request(conn)
-            reason = refusal(request, server_env, identity)
+            reason = refusal(request, server_env, identity, watched, packages, _IMPORT_WRITES)
             if log is not None:
                 log.write(json.dumps([request["mode"], request["target"], reason]) + "\n")
                 log.flush()
@@ -343,6 +479,23 @@ def _stdio(fd, setup, write, unbuffered, targets):
                             line_buffering=line_buffering, write_through=unbuffered)
 
 
+def _repoint_log_handlers(moved):
+    """Log handlers a preloaded module made (transformers' writes to the stderr of its import)
+    write to the program's streams, as they would had the program imported that module."""
+    if "logging" not in sys.modules:
+        return
+    import logging
+
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            for old, new in moved:
+                if isinstance(handler, logging.StreamHandler) and handler.stream is old \
+                        and new is not None:
+                    handler.stream = new
+
+
 def _become(request, fds):
     """Turn this fork into the client's process image, short of exec."""
     os.setsid()
@@ -360,21 +513,23 @@ def _become(request, fds):
         os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
     os.environ.clear()
     os.environ.update(request["env"])
+    for key, value in _IMPORT_WRITES.items():  # what the preloads' imports set, as if just run
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     sys.argv[:] = request["argv"]
     sys.orig_argv = request["orig_argv"]
     sys.executable = request["executable"]
     sys.dont_write_bytecode = request["dont_write_bytecode"]
-    path = list(request["path"])
-    if not request["safe_path"]:
-        script = request["target"]
-        path.insert(0, os.getcwd() if request["mode"] == "module"
-                    else os.path.dirname(os.path.realpath(script)))
-    sys.path[:] = path
+    sys.path[:] = _program_path(request)
     unbuffered = request["unbuffered"]
     stdin, stdout, stderr = request["stdio"]
+    streams = sys.stdout, sys.stderr
     sys.stdin = sys.__stdin__ = _stdio(0, stdin, False, unbuffered, targets)
     sys.stdout = sys.__stdout__ = _stdio(1, stdout, True, unbuffered, targets)
     sys.stderr = sys.__stderr__ = _stdio(2, stderr, True, unbuffered, targets)
+    _repoint_log_handlers(list(zip(streams, (sys.stdout, sys.stderr))))
     if "torch" in sys.modules:
         threads = os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
         if threads and threads.isdigit() and int(threads) > 0:
@@ -471,4 +626,9 @@ def _run_program(conn, request, fds):
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], tuple(sys.argv[2:]))
+    # this folder holds modules named like packages (triton.py): not on the preloads' path
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    _args = sys.argv[2:]
+    _split = _args.index("--hf") if "--hf" in _args else len(_args)
+    serve(sys.argv[1], tuple(_args[:_split]), tuple(_args[_split + 1:]))

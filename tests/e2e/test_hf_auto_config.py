@@ -2,6 +2,7 @@
 explicit values that disagree with TrainingArguments stop the run with the documented error
 (checklist hf-integration 1.2). One process, started the notebook way (no launcher)."""
 import json
+import os
 import sys
 
 import pytest
@@ -16,7 +17,11 @@ pytest.importorskip("accelerate", reason="accelerate is a dev extra")
 def printed(tmp_path_factory):
     out = run([sys.executable, str(HERE / "scripts" / "hf_auto_config.py"),
                str(tmp_path_factory.mktemp("hf_auto"))],
-              env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(HERE / "scripts")},
+              # the scripts' folder added to PYTHONPATH, not in its place: the suite's entries
+              # (the warm-interpreter client) stay
+              env={"MASTER_PORT": str(free_port()),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE / "scripts"),
+                                                               os.environ.get("PYTHONPATH")]))},
               timeout=280)
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()
              if line.startswith(("AUTO ", "MISMATCH "))}

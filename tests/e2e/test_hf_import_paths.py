@@ -90,9 +90,18 @@ def test_import_path_exists(module, name):
     assert hasattr(mod, name), f"{module} has no attribute {name!r} (used by transformers/accelerate)"
 
 
-def test_attribute_chains_reachable_after_bare_import():
+def _run_program(code, folder, timeout, args=()):
+    """``code`` run as a script: a new program that has not imported deepspeed (under the suite's
+    warm interpreters, a fork that imported torch only; ``-c`` would start a cold one)."""
+    script = folder / "program.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_attribute_chains_reachable_after_bare_import(tmp_path):
     """HF writes `import deepspeed; deepspeed.zero.X(...)`: the chain must resolve without an
-    explicit submodule import, which only a fresh interpreter can show."""
+    explicit submodule import, which only a new interpreter can show."""
     code = (
         "import deepspeed\n"
         f"missing = []\n"
@@ -105,7 +114,7 @@ def test_attribute_chains_reachable_after_bare_import():
         "        missing.append(chain)\n"
         "print(','.join(missing))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = _run_program(code, tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     missing = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     assert missing == "", f"not reachable after bare `import deepspeed`: {missing}"
@@ -175,7 +184,7 @@ def _deepspeed_references(package):
     return found
 
 
-# Run in a fresh interpreter: a chain must resolve after nothing but `import deepspeed`, and a
+# Run in a new program: a chain must resolve after nothing but `import deepspeed`, and a
 # `from m import X` may name a submodule of m as well as an attribute.
 _RESOLVE = """
 import importlib, json, sys
@@ -198,7 +207,7 @@ print(json.dumps(missing))
 """
 
 
-def test_every_deepspeed_path_the_installed_hf_releases_use_resolves():
+def test_every_deepspeed_path_the_installed_hf_releases_use_resolves(tmp_path):
     """Found by reading the installed transformers and accelerate sources, so an upgrade that
     starts using a new path fails here instead of deep inside someone's training run."""
     found = {}
@@ -208,8 +217,7 @@ def test_every_deepspeed_path_the_installed_hf_releases_use_resolves():
     assert "deepspeed.zero.GatheredParameters" in found
     assert "deepspeed.runtime.lr_schedules:VALID_LR_SCHEDULES" not in found  # an attribute chain
     assert "deepspeed.utils:groups" in found
-    out = subprocess.run([sys.executable, "-c", _RESOLVE, json.dumps(sorted(found))],
-                         capture_output=True, text=True, timeout=300)
+    out = _run_program(_RESOLVE, tmp_path, timeout=300, args=[json.dumps(sorted(found))])
     assert out.returncode == 0, out.stderr
     missing = json.loads(out.stdout.strip().splitlines()[-1])
     assert missing == [], "\n".join(f"{m}  used in {found[m.split(' ')[0]]}" for m in missing)

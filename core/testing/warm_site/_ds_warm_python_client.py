@@ -70,10 +70,37 @@ def identity():
     return found
 
 
-def socket_path(folder):
-    """The socket of the server for this process's network namespace under ``folder``."""
+def socket_path(folder, flavour=""):
+    """The socket of the server for this process's network namespace under ``folder``; with a
+    ``flavour``, that of its second server, which has also imported the flavour's packages."""
     net = _file_id("/proc/self/ns/net")
-    return os.path.join(folder, f"net-{net[1] if net else 0}.sock")
+    return os.path.join(folder, f"net-{net[1] if net else 0}{'.' + flavour if flavour else ''}.sock")
+
+
+# flavour -> the import lines that send a script to it: a script that imports transformers or
+# accelerate goes first to the server that has imported them (~4 CPU s less per program), then,
+# if that server declines, to the plain one. Only routing: either server runs any program.
+FLAVOURS = {"hf": (b"from transformers", b"import transformers", b"from accelerate",
+                   b"import accelerate")}
+
+
+def _flavours(program):
+    """The servers to ask for ``program``, in order (``""`` is the plain one)."""
+    mode, target, _flags = program
+    wanted = []
+    for flavour, imports in FLAVOURS.items():
+        if mode == "module":
+            found = target.split(".")[0] in {i.split()[-1].decode() for i in imports}
+        else:
+            try:
+                with open(target, "rb") as handle:
+                    text = handle.read(1 << 20)
+            except OSError:  # unreadable: the plain server decides
+                text = b""
+            found = any(line in text for line in imports)
+        if found:
+            wanted.append(flavour)
+    return wanted + [""]
 
 
 def _stream_setup(stream):
@@ -134,8 +161,7 @@ def hand_over():
     folder = os.environ.get(ENV)
     if not folder or not hasattr(sys, "orig_argv"):
         return
-    path = socket_path(folder)
-    if not os.path.exists(path):
+    if not os.path.exists(socket_path(folder)):
         return
     program = _program(sys.orig_argv[1:])
     if program is None:
@@ -143,19 +169,23 @@ def hand_over():
     import json
     import socket
 
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-    except OSError:  # the server is gone or not ready: start normally
-        conn.close()
-        return
-    fds = _open_fds(conn.fileno())
-    data = json.dumps(_request(program, fds)).encode()
-    payload = len(data).to_bytes(8, "big") + data
-    sent = socket.send_fds(conn, [payload], fds)
-    if sent < len(payload):
-        conn.sendall(payload[sent:])
-    reader = conn.makefile("rb")
-    if not _relay(conn, reader):
+    for flavour in _flavours(program):
+        path = socket_path(folder, flavour)
+        if not os.path.exists(path):
+            continue
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+        except OSError:  # the server is gone or not ready: ask the next, or start normally
+            conn.close()
+            continue
+        fds = _open_fds(conn.fileno())
+        data = json.dumps(_request(program, fds)).encode()
+        payload = len(data).to_bytes(8, "big") + data
+        sent = socket.send_fds(conn, [payload], fds)
+        if sent < len(payload):
+            conn.sendall(payload[sent:])
+        reader = conn.makefile("rb")
+        _relay(conn, reader)  # returns only when this server declined the program
         reader.close()
         conn.close()

@@ -153,3 +153,39 @@ def test_a_killed_client_takes_its_program_along(server_env, tmp_path):
     client.kill()
     client.wait(timeout=30)
     assert _gone(pid)
+
+
+def _inductor_cache_dir():
+    """The value torch sets TORCHINDUCTOR_CACHE_DIR to when transformers' Trainer is imported
+    without it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return default_cache_dir()
+
+
+HF_PROGRAM = textwrap.dedent("""
+    import json, sys
+    record = {"torch": "torch" in sys.modules, "trainer": "transformers.trainer" in sys.modules}
+    import transformers  # noqa: this import line is what sends the script to the hf server
+    print(json.dumps(record))
+""")
+
+
+def test_a_script_importing_transformers_finds_it_imported_unless_an_import_time_variable_differs(
+        server_env, program, tmp_path):
+    pytest.importorskip("transformers")
+    script = tmp_path / "hf_prog.py"
+    script.write_text(HF_PROGRAM)
+    assert warm_python.wait_until_ready(server_env, timeout=120, flavour="hf")
+    assert json.loads(_run(server_env, script).stdout) == {"torch": True, "trainer": True}
+    # as a program started by one that imported transformers sees it: the cache folder torch
+    # set while importing is its own value, no difference
+    inherited = dict(server_env, TORCHINDUCTOR_CACHE_DIR=_inductor_cache_dir())
+    assert json.loads(_run(inherited, script).stdout) == {"torch": True, "trainer": True}
+    # huggingface_hub reads HF_HUB_OFFLINE while importing: the plain server runs it instead
+    offline = _run(dict(server_env, HF_HUB_OFFLINE="1"), script)
+    assert json.loads(offline.stdout) == {"torch": True, "trainer": False}, offline.stderr
+    # a script that does not import them never sees them
+    plain = tmp_path / "plain.py"
+    plain.write_text("import sys\nprint(sorted(m for m in sys.modules if 'transformers' in m))\n")
+    assert _run(server_env, plain).stdout.strip() == "[]"

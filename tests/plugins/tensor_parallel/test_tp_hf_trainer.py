@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,13 @@ def _run(cmd):
 
 def test_hf_trainer_autotp_trains_saves_and_reloads(tmp_path):
     launcher = str(Path(sys.executable).parent / "deepspeed")
-    _run([launcher, "--num_gpus", "2", "--master_port", str(find_free_port()), SCRIPT,
-          str(tmp_path / "tp")])
-    _run([sys.executable, SCRIPT, str(tmp_path / "ref"), "reference"])
+    # the launch and the single-process reference are independent: run them at the same time
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [pool.submit(_run, [launcher, "--num_gpus", "2", "--master_port",
+                                   str(find_free_port()), SCRIPT, str(tmp_path / "tp")]),
+                pool.submit(_run, [sys.executable, SCRIPT, str(tmp_path / "ref"), "reference"])]
+        for run in runs:
+            run.result()
     result = json.loads((tmp_path / "tp" / "result.json").read_text())
     reference = json.loads((tmp_path / "ref" / "result.json").read_text())["losses"][0]
     assert result["tp_size"] == 2
