@@ -11,7 +11,6 @@ from test_cli import HERE, free_port, run, script
 transformers = pytest.importorskip("transformers", reason="transformers is a dev extra")
 pytest.importorskip("accelerate", reason="accelerate is a dev extra")
 
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
@@ -19,8 +18,8 @@ DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps":
 
 def save_tiny_gpt2(folder):
     torch.manual_seed(1)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
-                                       n_positions=32))
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
     model.save_pretrained(folder)
     return {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -45,7 +44,7 @@ def load_under_hf_ds_config(folder):
     from transformers.integrations import HfDeepSpeedConfig
 
     hf_ds_config = HfDeepSpeedConfig(DS_CONFIG)  # noqa: F841 (transformers keeps a weak ref)
-    model = GPT2LMHeadModel.from_pretrained(folder)
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder)
     params = dict(model.named_parameters())
     flags = {name: (hasattr(p, "ds_id") and hasattr(p, "ds_tensor") and p.data.numel() == 0)
              for name, p in params.items()}

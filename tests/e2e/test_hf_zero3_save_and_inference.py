@@ -15,11 +15,10 @@ import torch
 
 from test_cli import HERE, free_port, run, script
 
-pytest.importorskip("transformers", reason="transformers is a dev extra")
+transformers = pytest.importorskip("transformers", reason="transformers is a dev extra")
 pytest.importorskip("accelerate", reason="accelerate is a dev extra")
 
 from safetensors.torch import load_file  # noqa: E402 (a transformers dependency)
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 sys.path.insert(0, str(HERE / "scripts"))
 from hf_tiny_data import RandomTokens  # noqa: E402
@@ -38,7 +37,8 @@ def out(tmp_path_factory):
 
 
 def full_shapes(root):
-    model = GPT2LMHeadModel(GPT2Config.from_json_file(root / "model_config.json"))
+    config = transformers.GPT2Config.from_json_file(root / "model_config.json")
+    model = transformers.GPT2LMHeadModel(config)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
@@ -51,7 +51,7 @@ def weights_file(folder):
 
 
 def reference_model(out):
-    model = GPT2LMHeadModel.from_pretrained(out / "gather" / "saved")
+    model = transformers.GPT2LMHeadModel.from_pretrained(out / "gather" / "saved")
     return model.eval()
 
 
