@@ -84,6 +84,12 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+def pytest_unconfigure(config):
+    # thawed for the interpreter's last collection: objects still frozen at exit are never
+    # freed, and extensions that count their instances (triton's nanobind) report them leaked
+    gc.unfreeze()
+
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
