@@ -14,6 +14,15 @@ from pathlib import Path
 
 import pytest
 
+# Cache bytecode even where the shell sets PYTHONDONTWRITEBYTECODE (this machine's does): the
+# test command installs with `pip install --no-compile`, so the modules the suite imports are
+# compiled on first import, once, and only those. Set before the plugin below imports torch,
+# and inherited by the warm Python server, the xdist workers and every program they start
+# (whose variables then match the server's). Without the cache every xdist worker also
+# re-rewrote the asserts of all test modules (~7 of its ~23 CPU s of collection).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # the `dist_pool` fixture: warm gloo worker pools shared by every multi-rank test
 pytest_plugins = ["deepspeed.testing.pytest_plugin"]
 
@@ -62,18 +71,6 @@ def pytest_collection_modifyitems(config, items):
         return
     position = {path: i for i, path in enumerate(RUN_FIRST_UNDER_XDIST)}
     items.sort(key=lambda item: position.get(item.nodeid.split("::", 1)[0], len(position)))
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config):
-    """Let the suite cache bytecode even where the shell sets PYTHONDONTWRITEBYTECODE (this
-    machine's does). Without the cache every xdist worker re-rewrites the asserts of all 330 test
-    modules (~7 CPU s of its ~23 s collection) and every process the tests start recompiles the
-    modules it imports. Runs before the warm Python server and the workers start, so they and
-    every program they start inherit the setting (and the server's variables match its
-    clients'). The caches go to `__pycache__` folders git ignores."""
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    sys.dont_write_bytecode = False
 
 
 def pytest_collection_finish(session):
