@@ -32,13 +32,6 @@ _LOG_TAIL_LINES = 40
 STAMP_FILENAME = "ds_source_stamp"
 
 
-def _write_text_atomically(path, text):
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="ascii") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
-
-
 def _read_owner(path):
     """The pid recorded in a ``lock.owner`` file, or None."""
     try:
@@ -349,7 +342,9 @@ class OpBuilder:
         finally:
             if _read_owner(owner) == os.getpid():
                 os.remove(owner)
-        _write_text_atomically(os.path.join(build_dir, STAMP_FILENAME), stamp)
+        from deepspeed.checkpoint.atomic import atomic_write_text  # runtime only, not setup.py
+
+        atomic_write_text(os.path.join(build_dir, STAMP_FILENAME), stamp)
         self._loaded_modules[self.absolute_name()] = module
         return module
 
