@@ -22,7 +22,7 @@ from importlib import metadata
 import pluggy
 
 from deepspeed import hooks
-from deepspeed.utils.entry_points import distribution_of, entry_points_of, scan_key
+from deepspeed.utils.entry_points import distribution_of, entry_points_of, rescanned_on_install
 
 ENTRY_POINT_GROUP = "deepspeed.plugins"
 
@@ -94,19 +94,14 @@ def _load_entry_point(name, value):
     return metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
 
 
-_installed = [None, None]  # [scan_key() when read, specs]
-
-
+@rescanned_on_install
 def installed_plugins():
     """``{name: PluginSpec}`` of every plugin installed in this environment, sorted by name.
     A third-party plugin registered under a built-in's name replaces the built-in. Read again
     only when what is installed may have changed (``scan_key``): parsing each plugin's
     distribution metadata was most of a ``deepspeed.initialize`` on a small model."""
-    key = scan_key()
-    if _installed[0] != key:
-        _installed[:] = [key, {name: PluginSpec(name, ep.value, *distribution_of(ep))
-                               for name, ep in entry_points_of(ENTRY_POINT_GROUP).items()}]
-    return dict(_installed[1])
+    return {name: PluginSpec(name, ep.value, *distribution_of(ep))
+            for name, ep in entry_points_of(ENTRY_POINT_GROUP).items()}
 
 
 def _instantiate(obj):

@@ -7,12 +7,12 @@ an extension replaces a built-in without editing this package.
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import sys
 
 _OWN_DISTRIBUTION = "deepspeed"
-_SCANS = {}  # group -> (scan_key() when read, {name: EntryPoint})
 
 
 def scan_key():
@@ -31,6 +31,22 @@ def scan_key():
     return importlib.metadata.entry_points, tuple(state)
 
 
+def rescanned_on_install(read):
+    """``read(*args)`` (a dict) kept per arguments until ``scan_key()`` changes; each caller
+    gets its own copy."""
+    kept = {}  # args -> (scan_key() when read, result)
+
+    @functools.wraps(read)
+    def cached(*args):
+        key = scan_key()
+        hit = kept.get(args)
+        if hit is None or hit[0] != key:
+            hit = kept[args] = (key, read(*args))
+        return dict(hit[1])
+
+    return cached
+
+
 def distribution_of(entry_point):
     """(name, version) of the distribution that registered ``entry_point``."""
     dist = getattr(entry_point, "dist", None)  # absent before Python 3.10
@@ -43,12 +59,9 @@ def _is_builtin(entry_point):
     return distribution_of(entry_point)[0].lower().replace("_", "-") == _OWN_DISTRIBUTION
 
 
+@rescanned_on_install
 def entry_points_of(group):
     """{name: EntryPoint} of one group; packages installed at runtime count (see ``scan_key``)."""
-    key = scan_key()
-    cached = _SCANS.get(group)
-    if cached is not None and cached[0] == key:
-        return dict(cached[1])
     found = importlib.metadata.entry_points()
     if hasattr(found, "select"):
         found = found.select(group=group)
@@ -59,6 +72,4 @@ def entry_points_of(group):
         previous = chosen.get(entry_point.name)
         if previous is None or (_is_builtin(previous) and not _is_builtin(entry_point)):
             chosen[entry_point.name] = entry_point
-    chosen = dict(sorted(chosen.items()))
-    _SCANS[group] = (key, chosen)
-    return dict(chosen)
+    return dict(sorted(chosen.items()))
