@@ -77,27 +77,30 @@ def socket_path(folder, flavour=""):
     return os.path.join(folder, f"net-{net[1] if net else 0}{'.' + flavour if flavour else ''}.sock")
 
 
-# flavour -> the import lines that send a script to it: a script that imports transformers or
-# accelerate goes first to the server that has imported them (~4 CPU s less per program), then,
-# if that server declines, to the plain one. Only routing: either server runs any program.
-FLAVOURS = {"hf": (b"from transformers", b"import transformers", b"from accelerate",
-                   b"import accelerate")}
+# flavour -> the packages that send a program to it: a script that imports transformers or
+# accelerate (or a module of theirs run with -m) goes first to the server that has imported them
+# (~4 CPU s less per program), then, if that server declines, to the plain one. Only routing:
+# either server runs any program.
+FLAVOURS = {"hf": ("transformers", "accelerate")}
 
 
 def _flavours(program):
     """The servers to ask for ``program``, in order (``""`` is the plain one)."""
     mode, target, _flags = program
     wanted = []
-    for flavour, imports in FLAVOURS.items():
+    text = b""
+    if mode != "module":
+        try:
+            with open(target, "rb") as handle:
+                text = handle.read(1 << 20)
+        except OSError:  # unreadable: the plain server decides
+            pass
+    for flavour, packages in FLAVOURS.items():
         if mode == "module":
-            found = target.split(".")[0] in {i.split()[-1].decode() for i in imports}
+            found = target.split(".")[0] in packages
         else:
-            try:
-                with open(target, "rb") as handle:
-                    text = handle.read(1 << 20)
-            except OSError:  # unreadable: the plain server decides
-                text = b""
-            found = any(line in text for line in imports)
+            found = any(f"{word} {package}".encode() in text
+                        for package in packages for word in ("import", "from"))
         if found:
             wanted.append(flavour)
     return wanted + [""]
