@@ -60,7 +60,7 @@ def _toolchain_lines():
     cxx = os.environ.get("CXX", "c++")
     nvcc = nvcc_version()
     ext_dir = os.environ.get("TORCH_EXTENSIONS_DIR") or \
-        "~/.cache/torch_extensions/<python>_<device>/deepspeed-<source tree hash> (default)"
+        "~/.cache/torch_extensions/<python>_<device>/deepspeed/<op>-<source hash> (default)"
     cxx_version = compiler_version(cxx.split()[0]) if cxx.strip() else None
     return [_dots(f"C++ compiler ({cxx})", cxx_version or "not found"),
             _dots("nvcc", f"{nvcc[0]}.{nvcc[1]}" if nvcc else "not found"),

@@ -32,6 +32,14 @@ _LOG_TAIL_LINES = 40
 STAMP_FILENAME = "ds_source_stamp"
 
 
+def _path_in_tree(path):
+    """``path`` relative to ``CSRC_ROOT`` when it lies inside, else as given."""
+    try:
+        return Path(path).resolve().relative_to(CSRC_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _read_owner(path):
     """The pid recorded in a ``lock.owner`` file, or None."""
     try:
@@ -254,18 +262,17 @@ class OpBuilder:
     def _jit_kwargs(self):
         return dict(extra_cflags=self.cxx_args(), extra_ldflags=self.extra_ldflags())
 
-    def build_directory(self, cpp_extension):
-        """Where this op is JIT-built. Under torch's default root each source tree gets its
-        own sub-directory (``deepspeed-<hash of csrc path>/<op>``): two checkouts or virtual
-        environments sharing ``~/.cache/torch_extensions`` would otherwise rebuild each other's
-        ops and wait on each other's lock. An explicit ``TORCH_EXTENSIONS_DIR`` is used as is."""
+    def build_directory(self, cpp_extension, stamp):
+        """Where this op is JIT-built. Under torch's default root the folder is named by what is
+        built (``deepspeed/<op>-<stamp>``, the content hash of ``_source_stamp``): two
+        checkouts or virtual environments with different sources never rebuild each other's
+        op or wait on each other's lock, and a fresh clone of the same sources finds the build
+        it already made. An explicit ``TORCH_EXTENSIONS_DIR`` is used as is (``<dir>/<op>``,
+        rebuilt in place when the sources change)."""
         default = cpp_extension._get_build_directory(self.NAME, verbose=False)
         if os.environ.get("TORCH_EXTENSIONS_DIR"):
             return default
-        import hashlib
-
-        tree = hashlib.sha1(str(CSRC_ROOT).encode()).hexdigest()[:10]
-        path = os.path.join(os.path.dirname(default), f"deepspeed-{tree}", self.NAME)
+        path = os.path.join(os.path.dirname(default), "deepspeed", f"{self.NAME}-{stamp[:16]}")
         os.makedirs(path, exist_ok=True)
         return path
 
@@ -317,8 +324,8 @@ class OpBuilder:
                                f"(pip install ninja): {err}") from err
         sources = self.absolute_sources()
         kwargs = self._jit_kwargs()
-        build_dir = self.build_directory(cpp_extension)
         stamp = self._source_stamp(sources, kwargs)
+        build_dir = self.build_directory(cpp_extension, stamp)
         module = self._load_stamped_build(cpp_extension, build_dir, stamp)
         if module is not None:
             self._loaded_modules[self.absolute_name()] = module
@@ -350,7 +357,8 @@ class OpBuilder:
 
     def _source_stamp(self, sources, kwargs):
         """A hash of what the build reads (sources, the headers under the include paths, flags,
-        torch and Python versions), not of file times."""
+        torch and Python versions), not of file times, nor of where the checkout is: files
+        under ``CSRC_ROOT`` count by their path inside it."""
         import hashlib
 
         import torch
@@ -360,7 +368,7 @@ class OpBuilder:
         headers = sorted(str(p) for d in self.absolute_include_paths() if os.path.isdir(d)
                          for p in Path(d).rglob("*") if p.is_file())
         for path in list(sources) + headers:
-            digest.update(path.encode())
+            digest.update(_path_in_tree(path).encode())
             with open(path, "rb") as handle:
                 digest.update(handle.read())
         return digest.hexdigest()

@@ -1,5 +1,5 @@
-"""A build lock left by a killed build must not hang every later load forever, and separate
-source trees must not share (and fight over) one build directory."""
+"""A build lock left by a killed build must not hang every later load forever, and different
+sources must not share (and fight over) one build directory, while the same sources do."""
 import os
 import subprocess
 import sys
@@ -40,7 +40,11 @@ def test_ownerless_lock_is_removed_only_when_old(tmp_path, monkeypatch):
     assert not lock.exists()
 
 
-def test_each_source_tree_builds_in_its_own_directory(tmp_path, monkeypatch):
+def test_the_build_directory_is_named_by_the_sources_not_the_checkout(tmp_path, monkeypatch):
+    """Two checkouts of the same sources share one build (a fresh clone compiles nothing);
+    different sources never share one (no rebuilding each other's op)."""
+    import shutil
+
     from torch.utils import cpp_extension
 
     from deepspeed.ops.op_builder import CPUAdamBuilder
@@ -48,10 +52,22 @@ def test_each_source_tree_builds_in_its_own_directory(tmp_path, monkeypatch):
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     monkeypatch.setattr(cpp_extension, "_get_build_directory",
-                        lambda name, verbose: str(tmp_path / name))
-    first = CPUAdamBuilder().build_directory(cpp_extension)
-    monkeypatch.setattr(builder_module, "CSRC_ROOT", tmp_path / "another" / "csrc")
-    second = CPUAdamBuilder().build_directory(cpp_extension)
-    assert first != second and os.path.basename(first) == "cpu_adam"
+                        lambda name, verbose: str(tmp_path / "root" / name))
+
+    def directory():
+        op = CPUAdamBuilder()
+        kwargs = op._jit_kwargs()
+        return op.build_directory(cpp_extension, op._source_stamp(op.absolute_sources(), kwargs))
+
+    first = directory()
+    assert os.path.dirname(first) == str(tmp_path / "root" / "deepspeed")
+    assert os.path.basename(first).startswith("cpu_adam-")
+    clone = tmp_path / "clone" / "csrc"
+    shutil.copytree(builder_module.CSRC_ROOT, clone)
+    monkeypatch.setattr(builder_module, "CSRC_ROOT", clone)
+    assert directory() == first  # the same sources elsewhere
+    source = clone / CPUAdamBuilder().sources()[0]
+    source.write_text(source.read_text() + "\n// changed\n")
+    assert directory() != first
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert CPUAdamBuilder().build_directory(cpp_extension) == str(tmp_path / "cpu_adam")
+    assert directory() == str(tmp_path / "root" / "cpu_adam")
