@@ -8,8 +8,9 @@ from docs_paths import ROOT
 README = ROOT / "README.md"
 DEMO_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e . && "
                 ".venv/bin/deepspeed --num_gpus 2 examples/train_demo.py")
-TEST_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install -q --no-compile -c constraints.txt "
-                "-e '.[dev]' && .venv/bin/python -m pytest")
+TEST_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install -qq -c constraints.txt -U pip && "
+                ".venv/bin/pip install -qq --no-compile -c constraints.txt -e '.[dev]' && "
+                ".venv/bin/python -m pytest")
 
 
 def test_readme_is_short():
