@@ -77,10 +77,10 @@ def tokens(steps, world, gas=1):
     return seq[:, :-1], seq[:, 1:]
 
 
-def config(zero_extra, gas=1, dtype=None, clip=1.0):
+def config(zero_extra, gas=1, dtype=None, clip=1.0, lr=1e-2):
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
            "gradient_clipping": clip,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+           "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0}},
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                                  "reduce_bucket_size": 4000, **zero_extra}}
     if dtype:
@@ -88,7 +88,7 @@ def config(zero_extra, gas=1, dtype=None, clip=1.0):
     return cfg
 
 
-def train(zero_extra, steps, gas=1, dtype=None, freeze_base=False, clip=1.0):
+def train(zero_extra, steps, gas=1, dtype=None, freeze_base=False, clip=1.0, lr=1e-2):
     """Worker: (losses, full weights, comms summaries of the last step and of its last backward)."""
     import deepspeed
     from deepspeed import comm as dist
@@ -102,7 +102,7 @@ def train(zero_extra, steps, gas=1, dtype=None, freeze_base=False, clip=1.0):
     model = make_gpt(freeze_base)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=config(zero_extra, gas, dtype, clip))
+        config=config(zero_extra, gas, dtype, clip, lr))
     world, rank = dist.get_world_size(), dist.get_rank()
     idx, tgt = tokens(steps, world, gas)
     losses = []
