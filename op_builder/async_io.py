@@ -52,7 +52,7 @@ class AsyncIOBuilder(OpBuilder):
         return f"deepspeed.ops.aio.{self.NAME}_op"
 
     def sources(self):
-        return ["aio/aio_io.cpp", "aio/aio_handle.cpp", "aio/py_aio.cpp"]
+        return ["aio/aio_io.cpp", "aio/aio_handle.cpp"]  # the bindings: end of aio_handle.cpp
 
     def include_paths(self):
         return ["aio"]

@@ -1,8 +1,8 @@
 """CPUAdamBuilder: the host Adam/AdamW kernel behind DeepSpeedCPUAdam (ZeRO-Offload).
 
 The CPU optimizer kernels take raw data pointers checked on the Python side
-(``deepspeed.ops.adam.native``), so their sources include pybind11 only, not ATen: a JIT build
-takes seconds, not the better part of a minute.
+(``deepspeed.ops.adam.native``), so their modules are written against the CPython C API alone,
+without ATen or pybind11: a JIT build compiles for about a second, not 11-40 s.
 """
 from deepspeed.ops.op_builder.builder import OpBuilder
 

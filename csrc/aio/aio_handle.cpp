@@ -1,5 +1,10 @@
 // See aio_handle.h.  Every method runs with the GIL held and releases it while it waits on I/O.
+// The module's Python bindings (names and defaults follow the DeepNVMe tutorial) are at the end
+// of this file, not in a translation unit of their own: each unit that includes pybind11 parses
+// ~110,000 lines and instantiates its templates, ~13 CPU s apiece at -O3, and the two units
+// shared everything but the module definition.
 #include "aio_handle.h"
+#include "handle_bindings.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -248,3 +253,16 @@ bool AioHandle::is_pinned(const py::object& t) const
 }
 
 }  // namespace ds_aio
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    namespace py = pybind11;
+    using ds_aio::AioHandle;
+    m.doc() = "DeepNVMe async I/O: moves raw tensor bytes to and from files";
+    m.def("backend", &ds_aio::backend_name, "I/O engine in use: 'libaio' or 'pthread-pread'");
+
+    py::class_<AioHandle> cls(m, "aio_handle",
+                              "Handle for tensor <-> file I/O split across intra_op_parallelism threads");
+    ds_io_bindings::bind_handle_methods<AioHandle>(cls);
+    ds_aio::bind_locked_buffer(m);
+}

@@ -1,8 +1,8 @@
 // Adagrad step on contiguous fp32 buffers (see deepspeed.ops.adagrad.cpu_adagrad):
 //   g = g + wd*p  (wd > 0) ;  s = s + g*g ;  p = p - lr * g / (sqrt(s) + eps)
-#include <cmath>
+#include "optim_common.h"  // first: it includes <Python.h>
 
-#include "optim_common.h"
+#include <cmath>
 
 namespace ds_cpu {
 
@@ -39,7 +39,7 @@ void adagrad_update(std::uintptr_t param, std::uintptr_t grad, std::uintptr_t st
                     std::uintptr_t half_out, int half_kind, int64_t n, double lr, double eps,
                     double weight_decay) {
     check_half_kind(half_kind);
-    if (n < 0) throw pybind11::value_error("adagrad_update: n must be >= 0");
+    if (n < 0) throw std::invalid_argument("adagrad_update: n must be >= 0");
     auto* p = as_ptr<float>(param);
     auto* g = as_ptr<const float>(grad);
     auto* s = as_ptr<float>(state_sum);
@@ -54,12 +54,31 @@ void adagrad_update(std::uintptr_t param, std::uintptr_t grad, std::uintptr_t st
 
 }  // namespace ds_cpu
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-    namespace py = pybind11;
-    module.doc() = "DeepSpeed CPU Adagrad kernel on contiguous fp32 buffers (raw pointers)";
-    module.def("adagrad_update", &ds_cpu::adagrad_update, py::call_guard<py::gil_scoped_release>(),
-               py::arg("param"), py::arg("grad"), py::arg("state_sum"), py::arg("half_out"),
-               py::arg("half_kind"), py::arg("n"), py::arg("lr"), py::arg("eps"),
-               py::arg("weight_decay"));
-    module.def("simd_level", &ds_cpu::simd_level);
+static PyObject* py_adagrad_update(PyObject*, PyObject* args, PyObject* kwargs) {
+    static const char* names[] = {"param", "grad", "state_sum", "half_out", "half_kind", "n", "lr",
+                                  "eps", "weight_decay", nullptr};
+    unsigned long long param, grad, state_sum, half_out;
+    int half_kind;
+    long long n;
+    double lr, eps, weight_decay;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKKiLddd:adagrad_update",
+                                     const_cast<char**>(names),
+                                     &param, &grad, &state_sum, &half_out, &half_kind, &n, &lr,
+                                     &eps, &weight_decay)) {
+        return nullptr;
+    }
+    return ds_cpu::run_without_gil([&] {
+        ds_cpu::adagrad_update(std::uintptr_t(param), std::uintptr_t(grad),
+                               std::uintptr_t(state_sum), std::uintptr_t(half_out), half_kind,
+                               int64_t(n), lr, eps, weight_decay);
+    });
 }
+
+static PyMethodDef methods[] = {
+    DS_CPU_KEYWORDS_FN("adagrad_update", py_adagrad_update,
+                       "One Adagrad step over n fp32 elements, in place"),
+    DS_CPU_SIMD_LEVEL_FN,
+    {nullptr, nullptr, 0, nullptr},
+};
+
+DS_CPU_MODULE("DeepSpeed CPU Adagrad kernel on contiguous fp32 buffers (raw pointers)", methods)

@@ -4,9 +4,9 @@
 //   decoupled (adamw_mode=true):    p = p * (1 - lr*wd)
 //   p = p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)     (eps outside the sqrt)
 // with both corrections 1 when bias_correction is false.
-#include <cmath>
+#include "optim_common.h"  // first: it includes <Python.h>
 
-#include "optim_common.h"
+#include <cmath>
 
 namespace ds_cpu {
 
@@ -58,8 +58,8 @@ void adam_update(std::uintptr_t param, std::uintptr_t grad, std::uintptr_t exp_a
                  double lr, double beta1, double beta2, double eps, double weight_decay,
                  int64_t step, bool bias_correction, bool adamw_mode) {
     check_half_kind(half_kind);
-    if (n < 0) throw pybind11::value_error("adam_update: n must be >= 0");
-    if (step < 1) throw pybind11::value_error("adam_update: step must be >= 1");
+    if (n < 0) throw std::invalid_argument("adam_update: n must be >= 0");
+    if (step < 1) throw std::invalid_argument("adam_update: step must be >= 1");
     // 1-beta and the corrections in double, as the PyTorch path computes them in Python floats:
     // 1.0f - float(0.999) is off by 1.3e-5 relative
     const double bc1 = bias_correction ? 1.0 - std::pow(beta1, double(step)) : 1.0;
@@ -88,13 +88,34 @@ void adam_update(std::uintptr_t param, std::uintptr_t grad, std::uintptr_t exp_a
 
 }  // namespace ds_cpu
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-    namespace py = pybind11;
-    module.doc() = "DeepSpeed CPU Adam/AdamW kernel on contiguous fp32 buffers (raw pointers)";
-    module.def("adam_update", &ds_cpu::adam_update, py::call_guard<py::gil_scoped_release>(),
-               py::arg("param"), py::arg("grad"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
-               py::arg("half_out"), py::arg("half_kind"), py::arg("n"), py::arg("lr"),
-               py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-               py::arg("step"), py::arg("bias_correction"), py::arg("adamw_mode"));
-    module.def("simd_level", &ds_cpu::simd_level);
+static PyObject* py_adam_update(PyObject*, PyObject* args, PyObject* kwargs) {
+    static const char* names[] = {"param", "grad", "exp_avg", "exp_avg_sq", "half_out", "half_kind",
+                                  "n", "lr", "beta1", "beta2", "eps", "weight_decay", "step",
+                                  "bias_correction", "adamw_mode", nullptr};
+    unsigned long long param, grad, exp_avg, exp_avg_sq, half_out;
+    int half_kind, bias_correction, adamw_mode;
+    long long n, step;
+    double lr, beta1, beta2, eps, weight_decay;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKKKiLdddddLpp:adam_update",
+                                     const_cast<char**>(names),
+                                     &param, &grad, &exp_avg, &exp_avg_sq, &half_out, &half_kind,
+                                     &n, &lr, &beta1, &beta2, &eps, &weight_decay, &step,
+                                     &bias_correction, &adamw_mode)) {
+        return nullptr;
+    }
+    return ds_cpu::run_without_gil([&] {
+        ds_cpu::adam_update(std::uintptr_t(param), std::uintptr_t(grad), std::uintptr_t(exp_avg),
+                            std::uintptr_t(exp_avg_sq), std::uintptr_t(half_out), half_kind,
+                            int64_t(n), lr, beta1, beta2, eps, weight_decay, int64_t(step),
+                            bias_correction != 0, adamw_mode != 0);
+    });
 }
+
+static PyMethodDef methods[] = {
+    DS_CPU_KEYWORDS_FN("adam_update", py_adam_update,
+                       "One Adam/AdamW step over n fp32 elements, in place"),
+    DS_CPU_SIMD_LEVEL_FN,
+    {nullptr, nullptr, 0, nullptr},
+};
+
+DS_CPU_MODULE("DeepSpeed CPU Adam/AdamW kernel on contiguous fp32 buffers (raw pointers)", methods)

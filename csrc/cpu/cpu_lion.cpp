@@ -27,7 +27,7 @@ void lion_update(std::uintptr_t param, std::uintptr_t grad, std::uintptr_t exp_a
                  std::uintptr_t half_out, int half_kind, int64_t n, double lr, double beta1,
                  double beta2, double weight_decay) {
     check_half_kind(half_kind);
-    if (n < 0) throw pybind11::value_error("lion_update: n must be >= 0");
+    if (n < 0) throw std::invalid_argument("lion_update: n must be >= 0");
     auto* p = as_ptr<float>(param);
     auto* g = as_ptr<const float>(grad);
     auto* m = as_ptr<float>(exp_avg);
@@ -53,12 +53,31 @@ void lion_update(std::uintptr_t param, std::uintptr_t grad, std::uintptr_t exp_a
 
 }  // namespace ds_cpu
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-    namespace py = pybind11;
-    module.doc() = "DeepSpeed CPU Lion kernel on contiguous fp32 buffers (raw pointers)";
-    module.def("lion_update", &ds_cpu::lion_update, py::call_guard<py::gil_scoped_release>(),
-               py::arg("param"), py::arg("grad"), py::arg("exp_avg"), py::arg("half_out"),
-               py::arg("half_kind"), py::arg("n"), py::arg("lr"), py::arg("beta1"),
-               py::arg("beta2"), py::arg("weight_decay"));
-    module.def("simd_level", &ds_cpu::simd_level);
+static PyObject* py_lion_update(PyObject*, PyObject* args, PyObject* kwargs) {
+    static const char* names[] = {"param", "grad", "exp_avg", "half_out", "half_kind", "n", "lr",
+                                  "beta1", "beta2", "weight_decay", nullptr};
+    unsigned long long param, grad, exp_avg, half_out;
+    int half_kind;
+    long long n;
+    double lr, beta1, beta2, weight_decay;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKKiLdddd:lion_update",
+                                     const_cast<char**>(names),
+                                     &param, &grad, &exp_avg, &half_out, &half_kind, &n, &lr,
+                                     &beta1, &beta2, &weight_decay)) {
+        return nullptr;
+    }
+    return ds_cpu::run_without_gil([&] {
+        ds_cpu::lion_update(std::uintptr_t(param), std::uintptr_t(grad), std::uintptr_t(exp_avg),
+                            std::uintptr_t(half_out), half_kind, int64_t(n), lr, beta1, beta2,
+                            weight_decay);
+    });
 }
+
+static PyMethodDef methods[] = {
+    DS_CPU_KEYWORDS_FN("lion_update", py_lion_update,
+                       "One Lion step over n fp32 elements, in place"),
+    DS_CPU_SIMD_LEVEL_FN,
+    {nullptr, nullptr, 0, nullptr},
+};
+
+DS_CPU_MODULE("DeepSpeed CPU Lion kernel on contiguous fp32 buffers (raw pointers)", methods)

@@ -218,15 +218,27 @@ def test_a_fresh_checkout_of_the_same_sources_reuses_the_build(tmp_path, monkeyp
         def sources(self):
             return [str(source)]
 
+    def as_a_new_process():
+        """Forget what this process loaded: ours, and torch's record of the sources it built
+        (with it, torch skips ninja for unchanged sources in the same process, and a broken
+        stamp check would go unnoticed)."""
+        from torch.utils import cpp_extension
+        from torch.utils._cpp_extension_versioner import ExtensionVersioner
+
+        monkeypatch.setattr(OpBuilder, "_loaded_modules", {})
+        monkeypatch.setattr(cpp_extension, "JIT_EXTENSION_VERSIONER", ExtensionVersioner())
+
+    as_a_new_process()  # an earlier test built these sources elsewhere: torch would skip ninja
     assert Local().load(verbose=False).add(2, 40) == 42
     first = _built_files(tmp_path / "ext", Local.NAME)
+    assert f"{Local.NAME}.so" in first, first
     later = os.stat(source).st_mtime + 3600  # as after `git clone`: sources newer than objects
     os.utime(source, (later, later))
-    monkeypatch.setattr(OpBuilder, "_loaded_modules", {})
+    as_a_new_process()
     assert Local().load(verbose=False).add(1, 2) == 3
     assert _built_files(tmp_path / "ext", Local.NAME) == first  # not recompiled
 
     source.write_text(source.read_text() + "\n// changed\n")
-    monkeypatch.setattr(OpBuilder, "_loaded_modules", {})
+    as_a_new_process()
     Local().load(verbose=False)
     assert _built_files(tmp_path / "ext", Local.NAME) != first  # a real change rebuilds
