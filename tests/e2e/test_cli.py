@@ -56,8 +56,9 @@ def test_pipeline_example_trains_two_stages_on_two_processes():
 
 
 def test_moe_example_trains_expert_parallel_on_two_processes():
+    """30 steps: the script exits non-zero unless the LM loss fell (3.49 -> 3.23 here)."""
     out = run([script("deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
-               "examples/moe/train.py", "--steps", "60", "--ep-world-size", "2",
+               "examples/moe/train.py", "--steps", "30", "--ep-world-size", "2",
                "--num-experts", "4"])
     assert "ep_size 2 on 2 ranks: [2, 2] local experts" in out
     assert "('ep_size_2', 16, True)" in out  # the expert param groups reached the optimizer

@@ -31,8 +31,9 @@ SMALLEST = {
     "examples/onebit/train_onebit.py": ["--steps", "30", "--print_every", "10"],
     "examples/sparse_attention/train.py": ["--steps", "3"],
     "examples/sequence/long_context_llama.py": ["--seq", "256", "--chunk", "64", "--steps", "1"],
-    "examples/zenflow/train_zenflow.py": ["--steps", "80", "--window", "20", "--print_every",
-                                          "40", "--tolerance", "0.5"],
+    # 2 x 40 steps: ZenFlow ends 4% above ZeRO-Offload (the script's check: within 50%)
+    "examples/zenflow/train_zenflow.py": ["--steps", "40", "--window", "10", "--print_every",
+                                          "20", "--tolerance", "0.5"],
 }
 # script -> the test that runs it under the launcher already (file::test function)
 RUN_ELSEWHERE = {

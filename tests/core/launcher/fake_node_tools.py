@@ -5,7 +5,8 @@ CLUSTER_JSON maps each node address to its network namespace ("" = this machine'
 
 Each tool behaves like the real one as far as a launcher can tell:
 - ssh HOST CMD: runs CMD with `sh -c` on the node, in a fresh login environment (the caller's
-  variables do not travel, as over a real ssh connection), starting in $HOME; an unknown host is
+  variables do not travel, as over a real ssh connection; only the suite's warm Python client
+  does, standing for the node's own site configuration), starting in $HOME; an unknown host is
   unreachable (exit 255, OpenSSH's message).
 - srun ... PROGRAM: starts `--ntasks-per-node` tasks on each `--nodelist` node with SLURM's task
   variables (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS, SLURM_STEP_NODELIST, ...)
@@ -42,6 +43,18 @@ def _shell_code(code):
     return 128 - code if code < 0 else code
 
 
+def _machine_warm_python():
+    """The warm Python client's two variables (``deepspeed.testing.warm_python``), when the
+    suite runs with one: they stand for the nodes' own site configuration, as every node has
+    its own warm server (FakeCluster), so that a login shell's Python (the per-node launcher of
+    the pdsh and --no_ssh forms, and the ranks it starts) runs warm on its node instead of
+    importing torch afresh. Nothing of the caller's own environment travels."""
+    folder = os.environ.get("DS_WARM_PYTHON")
+    site = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and os.path.isfile(os.path.join(p, "_ds_warm_python_client.py"))]
+    return {"DS_WARM_PYTHON": folder, "PYTHONPATH": site[0]} if folder and site else {}
+
+
 def ssh(cluster, argv):
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
@@ -62,7 +75,7 @@ def ssh(cluster, argv):
     home = os.path.expanduser("~")
     env = {"HOME": home, "PATH": LOGIN_PATH, "SHELL": "/bin/sh", "LANG": "C.UTF-8",
            "USER": os.environ.get("USER", "root"), "LOGNAME": os.environ.get("USER", "root"),
-           "SSH_CONNECTION": f"fake {host}", "DS_FAKE_NODE": host}
+           "SSH_CONNECTION": f"fake {host}", "DS_FAKE_NODE": host, **_machine_warm_python()}
     os.chdir(home)
     argv = _on_node(cluster[host], ["sh", "-c", command])
     os.execvpe(argv[0], argv, env)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 from deepspeed.testing.distributed import find_free_port
@@ -17,6 +16,7 @@ from deepspeed.testing.distributed import find_free_port
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCRIPT = os.path.join(REPO, "examples", "elasticity", "train.py")
 STEPS = 24
+NODE_TAG = "DS_TEST_ELASTIC_NODE"  # marks the processes of one "node" (see _kill_node)
 
 
 def _node(tmp_path, port, node_rank, name):
@@ -25,17 +25,29 @@ def _node(tmp_path, port, node_rank, name):
            "--max_elastic_nodes", "2", "--master_port", str(port), SCRIPT, "--steps", str(STEPS),
            "--log", "steps.jsonl", "--step_sleep", "0.4"]
     log = open(tmp_path / f"{name}.log", "w")  # closed with the process's lifetime (test end)
-    return subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+    env = dict(os.environ, **{NODE_TAG: f"{tmp_path}:{name}"})
+    return subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
 
 
 def _kill_node(proc):
-    """SIGKILL a node's launcher and everything it started (torch elastic starts workers in
-    sessions of their own, so the process group alone is not enough)."""
+    """SIGKILL a node's launcher and everything it started: its process tree, and every process
+    carrying the node's tag (torch elastic starts workers in sessions of their own, so the
+    process group alone is not enough; under the suite's warm Python the programs are forks of
+    the warm server, outside the tree, and each one's client, which carries the tag, takes its
+    program along when it dies)."""
     import psutil
 
     parent = psutil.Process(proc.pid)
-    for victim in parent.children(recursive=True) + [parent]:
+    tag = parent.environ()[NODE_TAG]
+    victims = {p.pid: p for p in parent.children(recursive=True) + [parent]}
+    for other in psutil.process_iter():
+        try:
+            if other.pid not in victims and other.environ().get(NODE_TAG) == tag:
+                victims[other.pid] = other
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            continue
+    for victim in victims.values():
         try:
             victim.kill()
         except psutil.NoSuchProcess:
@@ -80,7 +92,6 @@ def _reference_weights():
     return model.state_dict()
 
 
-@pytest.mark.fresh_python  # kills a node by walking its process tree; a warm program is not in it
 def test_two_one_two_workers(tmp_path):
     port = find_free_port()
     a = _node(tmp_path, port, 0, "node_a")
