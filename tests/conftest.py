@@ -26,6 +26,17 @@ sys.dont_write_bytecode = False
 # the `dist_pool` fixture: warm gloo worker pools shared by every multi-rank test
 pytest_plugins = ["deepspeed.testing.pytest_plugin"]
 
+from deepspeed.testing import distributed, warm_python  # noqa: E402  (after the bytecode switch)
+
+# The Hugging Face models the suite's rank functions and Trainer scripts build: imported once by
+# the rank pools' forkserver and the warm Python server's "hf" flavour instead of by every rank
+# and program (~3 CPU s each: the models package scans every model's source for its exports).
+# Set here, before the plugin starts the warm server and before any pool starts.
+SUITE_HF_MODELS = ("transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama",
+                   "transformers.models.bert.modeling_bert", "transformers.models.t5.modeling_t5")
+warm_python.HF_PRELOAD = (*warm_python.HF_PRELOAD, *SUITE_HF_MODELS)
+distributed.PRELOAD.extend(SUITE_HF_MODELS)
+
 
 # pytest-xdist (`-n 2 --dist loadfile`, set in pyproject.toml) hands each process whole test
 # files, so module fixtures (a Trainer run read by several tests) run once. These files start

@@ -47,7 +47,13 @@ MAX_POOLS = 3  # world sizes kept warm at once (each rank holds a torch interpre
 # so fresh pools and restarts after a failure take ~0.6 s instead of ~5 s.
 START_METHOD_ENV = "DS_TEST_START_METHOD"
 START_METHODS = ("spawn", "forkserver")
-_PRELOAD = ["torch", "deepspeed.comm", "deepspeed.testing._worker"]
+# Imported once by the forkserver, so every rank starts with them: torch._dynamo (torch's
+# optimizers import it on first use, ~2 CPU s a rank; DTensor and triton come with it),
+# pydantic (every deepspeed config) and deepspeed.comm's initialization (every rank runs it).
+# A suite extends the list, before its first pool starts, with what its rank functions import
+# at a cost (the forkserver skips a module that is not installed).
+PRELOAD = ["torch", "torch._dynamo", "pydantic", "deepspeed.comm", "deepspeed.comm.initialization",
+           "deepspeed.testing._worker"]
 
 
 class DistributedTestError(AssertionError):
@@ -351,7 +357,7 @@ def _context(method):
     if method not in _contexts:
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":
-            ctx.set_forkserver_preload(_PRELOAD)
+            ctx.set_forkserver_preload(PRELOAD)
         _contexts[method] = ctx
     return _contexts[method]
 

@@ -21,9 +21,10 @@ a client that dies takes the program's process group with it. The client relays 
 What differs from a fresh interpreter, and why that is accepted for tests: the program's
 parent is the supervisor (``os.getppid()``, process trees, ``psutil`` children of the launcher);
 its command line in ``/proc`` is the server's; every fork shares the server's str hash seed
-(as the rank pools' forked ranks do); modules listed in ``PRELOAD`` are already imported, and
-in a script that imports transformers or accelerate also those of ``HF_PRELOAD`` (the "hf"
-flavour: a second server forked from the first, see ``HF_PRELOAD`` for what it declines).
+(as the rank pools' forked ranks do); modules listed in ``PRELOAD`` and ``WATCHED_PRELOAD`` are
+already imported, and in a script that imports transformers or accelerate also those of
+``HF_PRELOAD`` (the "hf" flavour: a second server forked from the first). A server declines a
+program whose environment differs from its own in a variable its watched or hf preloads read.
 Programs that need a fresh interpreter run with ``DS_WARM_PYTHON`` unset (the client then
 starts normally); the server itself declines, and the client starts normally, for ``-c``,
 ``-W``/``-X`` options, another interpreter or namespace, and import-time variables
@@ -67,6 +68,13 @@ def _load_client():
 _client = _load_client()
 ENV = _client.ENV  # the folder of the servers' sockets, one per network namespace
 PRELOAD = ("torch",)
+# imported next, by every server, while noting the environment variables they read (as the "hf"
+# flavour's below): a program whose value of one of them differs from the server's starts
+# normally. torch's optimizers import torch._dynamo on first use (~2 CPU s in every program that
+# builds one; it brings DTensor and triton along) and every deepspeed config is a pydantic model
+# (~0.5 CPU s of import). Not torch.utils.cpp_extension: it imports setuptools, and a pip build
+# of a package forked with setuptools already imported failed to find its bdist_wheel command.
+WATCHED_PRELOAD = ("torch._dynamo", "pydantic")
 # the "hf" flavour: a second server, forked from the first once torch is imported, that has also
 # imported the Hugging Face stack (transformers' Trainer pulls in accelerate, torch._dynamo and
 # most of transformers: ~4 CPU s of every Trainer script). The client sends it the scripts that
@@ -75,26 +83,32 @@ PRELOAD = ("torch",)
 # whose sys.path finds another copy of a preloaded package; the plain server then runs it.
 HF_PRELOAD = ("transformers.trainer",)
 HF_PACKAGES = ("transformers", "accelerate", "huggingface_hub")
+# read while importing only to size terminal output: the program's own value is in its
+# environment from the start, so a difference does not send it to a fresh interpreter
+TERMINAL_ENV = ("COLUMNS", "LINES")
 # variables the interpreter or a preloaded module reads while starting: a program whose value
 # differs from the server's starts normally (prefix match, minus ALLOWED_ENV, which are read at
 # use or applied to the fork). Other TORCH* variables (TORCHINDUCTOR_*, TORCH_EXTENSIONS_DIR,
-# TORCHELASTIC_*, ...) are read when the feature is used, after the fork.
+# TORCHELASTIC_*, ...) are read when the feature is used, after the fork. TRITON_*: torch._dynamo
+# imports triton, whose language module decides at import (reading its knobs later, unwatched)
+# whether its @jit functions run under the interpreter (TRITON_INTERPRET).
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "LD_", "MALLOC", "TORCH_LOGS",
                    "TORCH_SHOW_CPP_STACKTRACES", "TORCH_CPP_LOG_LEVEL", "TORCH_USE_RTLD_GLOBAL",
-                   "TORCH_DISABLE_ADDR2LINE", "PYTORCH_JIT")
+                   "TORCH_DISABLE_ADDR2LINE", "PYTORCH_JIT", "TRITON_")
 ALLOWED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
                "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _HIGH_FD = 1000  # received descriptors wait above this while they move to their numbers
-_IMPORT_WRITES = {}  # environment variables the flavoured server's preloads set or deleted
+_IMPORT_WRITES = {}  # environment variables the watched and flavoured preloads set or deleted
 
 
 # ---------------------------------------------------------------- starting and stopping it --
 
-def _start(path, preload, env, prefix=(), hf_preload=()):
+def _start(path, preload, env, prefix=(), hf_preload=(), watched_preload=WATCHED_PRELOAD):
     server_env = {k: v for k, v in env.items() if k != ENV}
     flavoured = ["--hf", *hf_preload] if hf_preload else []
     return subprocess.Popen([*prefix, sys.executable, os.path.abspath(__file__), path, *preload,
-                             *flavoured], env=server_env, stdin=subprocess.DEVNULL)
+                             "--watched", *watched_preload, *flavoured], env=server_env,
+                            stdin=subprocess.DEVNULL)
 
 
 def _hf_installed():
@@ -320,9 +334,10 @@ class _EnvironmentReads(collections.abc.MutableMapping):
 
 
 def _import_watching_environment(modules):
-    """Import ``modules``; return the environment variables read meanwhile, those set (or
-    deleted: None) meanwhile, and the files of the preloaded HF_PACKAGES. Exits when a module
-    read the whole environment."""
+    """Import ``modules``; return the environment variables read meanwhile (but TERMINAL_ENV),
+    those set (or deleted: None) meanwhile, and the files of the packages they belong to (and of
+    the preloaded HF_PACKAGES; torch aside, which every server imports unwatched). Exits when a
+    module read the whole environment."""
     real = os.environ
     reads = _EnvironmentReads(real)
     os.environ = reads
@@ -332,11 +347,13 @@ def _import_watching_environment(modules):
     finally:
         os.environ = real
     if reads.iterated:
-        sys.stderr.write("warm python: the hf preloads read the whole environment; no hf server\n")
+        sys.stderr.write(f"warm python: importing {', '.join(modules)} read the whole "
+                         "environment; no server\n")
         os._exit(0)
-    packages = {name: sys.modules[name].__spec__.origin for name in HF_PACKAGES
+    names = {name.split(".")[0] for name in modules} - {"torch"}
+    packages = {name: sys.modules[name].__spec__.origin for name in (*names, *HF_PACKAGES)
                 if name in sys.modules}
-    return frozenset(reads.read), reads.written, packages
+    return frozenset(reads.read) - set(TERMINAL_ENV), reads.written, packages
 
 
 def _end(flavoured):
@@ -351,23 +368,28 @@ def _end(flavoured):
     os._exit(0)
 
 
-def serve(path, preload=PRELOAD, hf_preload=()):
-    """The server's loop: preload, listen on ``path``, fork a supervisor per program. With
-    ``hf_preload``, a fork of it (once ``preload`` is imported) imports those too and serves the
-    "hf" flavour's socket next to ``path``."""
+def serve(path, preload=PRELOAD, hf_preload=(), watched_preload=WATCHED_PRELOAD):
+    """The server's loop: preload (``watched_preload`` watching the environment), listen on
+    ``path``, fork a supervisor per program. With ``hf_preload``, a fork of it (once the
+    preloads are imported) imports those too and serves the "hf" flavour's socket next to
+    ``path``."""
+    global _IMPORT_WRITES
     _die_with_parent()
     for name in preload:
         __import__(name)
     server_env = dict(os.environ)  # as every program's interpreter starts, before any preload
-    watched, packages, flavoured = frozenset(), None, None
+    watched, _IMPORT_WRITES, packages = _import_watching_environment(watched_preload)
+    flavoured = None
     if hf_preload:
         flavoured = os.fork()
         if flavoured == 0:
-            global _IMPORT_WRITES
             _die_with_parent()
             flavoured = None
             path = path[:-len(".sock")] + ".hf.sock"
-            watched, _IMPORT_WRITES, packages = _import_watching_environment(hf_preload)
+            hf_watched, hf_writes, hf_packages = _import_watching_environment(hf_preload)
+            watched |= hf_watched
+            _IMPORT_WRITES = {**_IMPORT_WRITES, **hf_writes}
+            packages = {**packages, **hf_packages}
     # the preloaded heap lives as long as every program forked from here: frozen, a program's
     # full collections skip it, and no longer copy each page they would have touched
     gc.collect()
@@ -630,5 +652,7 @@ if __name__ == "__main__":
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     _args = sys.argv[2:]
-    _split = _args.index("--hf") if "--hf" in _args else len(_args)
-    serve(sys.argv[1], tuple(_args[:_split]), tuple(_args[_split + 1:]))
+    _hf = _args.index("--hf") if "--hf" in _args else len(_args)
+    _watched = _args.index("--watched") if "--watched" in _args[:_hf] else _hf
+    serve(sys.argv[1], tuple(_args[:_watched]), tuple(_args[_hf + 1:]),
+          tuple(_args[_watched + 1:_hf]))

@@ -182,6 +182,9 @@ def test_a_script_importing_transformers_finds_it_imported_unless_an_import_time
     # set while importing is its own value, no difference
     inherited = dict(server_env, TORCHINDUCTOR_CACHE_DIR=_inductor_cache_dir())
     assert json.loads(_run(inherited, script).stdout) == {"torch": True, "trainer": True}
+    # the terminal's size, read while importing only to size output, does not matter
+    sized = dict(server_env, COLUMNS="7", LINES="3")
+    assert json.loads(_run(sized, script).stdout) == {"torch": True, "trainer": True}
     # huggingface_hub reads HF_HUB_OFFLINE while importing: the plain server runs it instead
     offline = _run(dict(server_env, HF_HUB_OFFLINE="1"), script)
     assert json.loads(offline.stdout) == {"torch": True, "trainer": False}, offline.stderr
@@ -189,3 +192,23 @@ def test_a_script_importing_transformers_finds_it_imported_unless_an_import_time
     plain = tmp_path / "plain.py"
     plain.write_text("import sys\nprint(sorted(m for m in sys.modules if 'transformers' in m))\n")
     assert _run(server_env, plain).stdout.strip() == "[]"
+
+
+WATCHED_PROGRAM = textwrap.dedent("""
+    import json, sys
+    print(json.dumps({name: name in sys.modules for name in ("torch._dynamo", "pydantic")}))
+""")
+
+
+def test_a_plain_script_finds_the_watched_preloads_imported_unless_a_variable_they_read_differs(
+        server_env, tmp_path):
+    script = tmp_path / "plain_watched.py"
+    script.write_text(WATCHED_PROGRAM)
+    assert json.loads(_run(server_env, script).stdout) == {"torch._dynamo": True, "pydantic": True}
+    # torch._dynamo reads TORCH_COMPILE_DISABLE while importing: a fresh interpreter runs it
+    fresh = {"torch._dynamo": False, "pydantic": False}
+    changed = "0" if server_env.get("TORCH_COMPILE_DISABLE") == "1" else "1"
+    assert json.loads(_run(dict(server_env, TORCH_COMPILE_DISABLE=changed), script).stdout) == fresh
+    # triton (which torch._dynamo imports) decides then whether its kernels are interpreted
+    interpret = "0" if server_env.get("TRITON_INTERPRET") == "1" else "1"
+    assert json.loads(_run(dict(server_env, TRITON_INTERPRET=interpret), script).stdout) == fresh
