@@ -491,11 +491,16 @@ def test_the_16bit_save_face_hf_trainer_calls(dist_pool):
 
 
 def _destroy_restores_torch():
+    import gc
+
     import deepspeed
     from deepspeed.utils import patching
     from deepspeed.zero.torch_patches import ATTRIBUTE_WATCH
 
-    # engines of earlier tests in this worker may still hold the watch: count from here
+    # engines of earlier tests in this worker may still hold the watch: count from here, after
+    # collecting any an earlier test dropped (a collection between the two counts released one
+    # and made this count 1 instead of 2)
+    gc.collect()
     users = ATTRIBUTE_WATCH.users
     torch_own = patching.original(torch.nn.Module, "__getattr__")
     config = {"train_micro_batch_size_per_gpu": MICRO,
