@@ -49,11 +49,13 @@ START_METHOD_ENV = "DS_TEST_START_METHOD"
 START_METHODS = ("spawn", "forkserver")
 # Imported once by the forkserver, so every rank starts with them: torch._dynamo (torch's
 # optimizers import it on first use, ~2 CPU s a rank; DTensor and triton come with it),
-# pydantic (every deepspeed config) and deepspeed.comm's initialization (every rank runs it).
-# A suite extends the list, before its first pool starts, with what its rank functions import
-# at a cost (the forkserver skips a module that is not installed).
-PRELOAD = ["torch", "torch._dynamo", "pydantic", "deepspeed.comm", "deepspeed.comm.initialization",
-           "deepspeed.testing._worker"]
+# pydantic (every deepspeed config), deepspeed.comm's initialization (every rank runs it) and
+# torch's cpp_extension (every op load; it brings setuptools, which the warm Python server does
+# not preload: pip builds forked from it broke, and ranks run no pip). A suite extends the list,
+# before its first pool starts, with what its rank functions import at a cost (the forkserver
+# skips a module that is not installed).
+PRELOAD = ["torch", "torch._dynamo", "pydantic", "torch.utils.cpp_extension", "deepspeed.comm",
+           "deepspeed.comm.initialization", "deepspeed.testing._worker"]
 
 
 class DistributedTestError(AssertionError):

@@ -86,6 +86,11 @@ HF_PACKAGES = ("transformers", "accelerate", "huggingface_hub")
 # read while importing only to size terminal output: the program's own value is in its
 # environment from the start, so a difference does not send it to a fresh interpreter
 TERMINAL_ENV = ("COLUMNS", "LINES")
+# read while importing through getpass.getuser() (torch's default inductor cache folder is named
+# after the user), in this order, the password database's name when none is set: a program
+# differs only if the name they resolve to does (an ssh login sets USER and LOGNAME, which the
+# server's environment may not have, for the same user)
+USER_ENV = ("LOGNAME", "USER", "LNAME", "USERNAME")
 # variables the interpreter or a preloaded module reads while starting: a program whose value
 # differs from the server's starts normally (prefix match, minus ALLOWED_ENV, which are read at
 # use or applied to the fork). Other TORCH* variables (TORCHINDUCTOR_*, TORCH_EXTENSIONS_DIR,
@@ -268,9 +273,11 @@ def refusal(request, server_env, identity, watched=(), packages=None, written=No
         value = client_env.get(key)
         if _import_time_env(key) and value != server_env.get(key):
             return f"{key} differs"
-        if key in watched and value != server_env.get(key) and \
+        if key in watched and key not in USER_ENV and value != server_env.get(key) and \
                 (key not in written or value != written[key]):
             return f"{key} differs"
+    if watched.intersection(USER_ENV) and _user_name(client_env) != _user_name(server_env):
+        return "the user name (LOGNAME, USER, LNAME, USERNAME) differs"
     if packages:
         import importlib.machinery
 
@@ -280,6 +287,16 @@ def refusal(request, server_env, identity, watched=(), packages=None, written=No
             if spec is None or spec.origin != origin:
                 return f"another {name}"
     return None
+
+
+def _user_name(env):
+    """The name getpass.getuser() returns in a process with ``env`` (and this process's uid)."""
+    name = next((env[key] for key in USER_ENV if env.get(key)), None)
+    if name is None:
+        import pwd
+
+        name = pwd.getpwuid(os.getuid()).pw_name
+    return name
 
 
 def _reap_supervisors(_signum, _frame):

@@ -1,6 +1,7 @@
 """The warm Python server: a program started under it behaves, seen from outside and from inside,
 as it would in a fresh interpreter (arguments, environment, descriptors, exit status, signals),
 only without importing torch; whatever it cannot reproduce starts normally."""
+import getpass
 import json
 import os
 import signal
@@ -34,6 +35,9 @@ def server_env():
     """An environment pointing at a server of its own (not the session's, if any)."""
     env = {k: v for k, v in os.environ.items() if k != warm_python.ENV}
     env["PYTHONPATH"] = warm_python.pythonpath_without_site(env.get("PYTHONPATH", ""))
+    # as a fresh shell has it: an import in this process (torch._inductor's) may have set it, and
+    # then the server's preloads would not read the user name they derive it from
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     stop = warm_python.start_server(env=env)
     assert warm_python.wait_until_ready(env, timeout=120)
     yield dict(env)
@@ -209,6 +213,12 @@ def test_a_plain_script_finds_the_watched_preloads_imported_unless_a_variable_th
     fresh = {"torch._dynamo": False, "pydantic": False}
     changed = "0" if server_env.get("TORCH_COMPILE_DISABLE") == "1" else "1"
     assert json.loads(_run(dict(server_env, TORCH_COMPILE_DISABLE=changed), script).stdout) == fresh
+    # the user name counts by what getpass.getuser() makes of it: an ssh login sets USER and
+    # LOGNAME for the same user, which the server's environment may lack
+    me = getpass.getuser()
+    login = dict(server_env, USER=me, LOGNAME=me)
+    assert json.loads(_run(login, script).stdout) == {"torch._dynamo": True, "pydantic": True}
+    assert json.loads(_run(dict(server_env, LOGNAME=f"not-{me}"), script).stdout) == fresh
     # triton (which torch._dynamo imports) decides then whether its kernels are interpreted
     interpret = "0" if server_env.get("TRITON_INTERPRET") == "1" else "1"
     assert json.loads(_run(dict(server_env, TRITON_INTERPRET=interpret), script).stdout) == fresh
