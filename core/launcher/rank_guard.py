@@ -16,6 +16,7 @@ node each torch process runs two threads, and OpenMP's spinning between parallel
 slowed each training step of the README demo from ~0.05 s to ~1 s).
 """
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -55,11 +56,16 @@ def thread_share(env, cores):
     return None
 
 
-def _die_with_parent():
+def _die_with_parent(parent):
+    """Run in the worker between fork and exec: SIGKILL when the guard (``parent``) dies. A
+    guard killed before this armed the signal would never send it, so the worker also ends
+    itself if its parent is already gone (seen: a guard killed right after it forked)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the MPI launcher's own cleanup remains
-        pass
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv=None):
@@ -86,7 +92,8 @@ def main(argv=None):
     if threads is not None:
         env["OMP_NUM_THREADS"] = threads
     try:
-        proc = subprocess.Popen(argv, close_fds=False, preexec_fn=_die_with_parent, env=env)
+        proc = subprocess.Popen(argv, close_fds=False, env=env,
+                                preexec_fn=functools.partial(_die_with_parent, os.getpid()))
     except OSError as err:
         logger.error(f"rank {rank} could not start {argv[0]!r}: {err}")
         return 127

@@ -1,4 +1,5 @@
 """rank_guard: the wrapper around each MPI/srun-started worker that names a rank when it dies."""
+import functools
 import os
 import signal
 import subprocess
@@ -8,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from deepspeed.launcher.rank_guard import rank_of, thread_share
+from deepspeed.launcher.rank_guard import _die_with_parent, rank_of, thread_share
 
 GUARD = [sys.executable, "-m", "deepspeed.launcher.rank_guard", "--"]
 
@@ -117,3 +118,16 @@ def test_worker_dies_with_a_killed_guard():
     proc.kill()
     proc.wait(timeout=30)
     assert psutil.wait_procs([worker], timeout=30)[1] == []
+
+
+def test_a_worker_whose_guard_died_before_it_armed_the_signal_ends_itself():
+    """The guard can be killed between its fork and the worker's prctl, which then never fires:
+    the worker checks that its parent is still the guard that started it."""
+    gone_guard = os.getpid() + 1_000_000  # not this worker's parent: the guard is already gone
+    worker = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True,
+                            text=True, timeout=60,
+                            preexec_fn=functools.partial(_die_with_parent, gone_guard))
+    assert worker.returncode == -signal.SIGKILL and worker.stdout == ""
+    alive = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True,
+                           timeout=60, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+    assert alive.returncode == 0 and alive.stdout == "ran\n"
