@@ -32,6 +32,7 @@ import time
 from collections import OrderedDict
 from multiprocessing import connection
 
+from deepspeed.testing import warm_python
 from deepspeed.testing._worker import STACK_DUMP_SIGNAL, FunctionRef, worker_main
 
 # A rank that is the first to use a JIT-built op compiles it (a minute or more on a loaded 2-core
@@ -47,15 +48,14 @@ MAX_POOLS = 3  # world sizes kept warm at once (each rank holds a torch interpre
 # so fresh pools and restarts after a failure take ~0.6 s instead of ~5 s.
 START_METHOD_ENV = "DS_TEST_START_METHOD"
 START_METHODS = ("spawn", "forkserver")
-# Imported once by the forkserver, so every rank starts with them: torch._dynamo (torch's
-# optimizers import it on first use, ~2 CPU s a rank; DTensor and triton come with it),
-# pydantic (every deepspeed config), deepspeed.comm's initialization (every rank runs it) and
-# torch's cpp_extension (every op load; it brings setuptools, which the warm Python server does
-# not preload: pip builds forked from it broke, and ranks run no pip). A suite extends the list,
-# before its first pool starts, with what its rank functions import at a cost (the forkserver
-# skips a module that is not installed).
-PRELOAD = ["torch", "torch._dynamo", "pydantic", "torch.utils.cpp_extension", "deepspeed.comm",
-           "deepspeed.comm.initialization", "deepspeed.testing._worker"]
+# Imported once by the forkserver, so every rank starts with them: what the warm Python server
+# preloads for every program (torch._dynamo, pydantic: see warm_python.WATCHED_PRELOAD), torch's
+# cpp_extension (every op load; it brings setuptools, which the warm server does not preload:
+# pip builds forked from it broke, and ranks run no pip) and deepspeed.comm's initialization
+# (every rank runs it). A suite extends the list, before its first pool starts, with what its
+# rank functions import at a cost (the forkserver skips a module that is not installed).
+PRELOAD = [*warm_python.PRELOAD, *warm_python.WATCHED_PRELOAD, "torch.utils.cpp_extension",
+           "deepspeed.comm", "deepspeed.comm.initialization", "deepspeed.testing._worker"]
 
 
 class DistributedTestError(AssertionError):

@@ -85,6 +85,7 @@ HF_PRELOAD = ("transformers.trainer",)
 HF_PACKAGES = ("transformers", "accelerate", "huggingface_hub")
 # read while importing only to size terminal output: the program's own value is in its
 # environment from the start, so a difference does not send it to a fresh interpreter
+# (``refusal`` compares these and USER_ENV apart from the other watched variables)
 TERMINAL_ENV = ("COLUMNS", "LINES")
 # read while importing through getpass.getuser() (torch's default inductor cache folder is named
 # after the user), in this order, the password database's name when none is set: a program
@@ -273,8 +274,8 @@ def refusal(request, server_env, identity, watched=(), packages=None, written=No
         value = client_env.get(key)
         if _import_time_env(key) and value != server_env.get(key):
             return f"{key} differs"
-        if key in watched and key not in USER_ENV and value != server_env.get(key) and \
-                (key not in written or value != written[key]):
+        if key in watched and key not in TERMINAL_ENV + USER_ENV and \
+                value != server_env.get(key) and (key not in written or value != written[key]):
             return f"{key} differs"
     if watched.intersection(USER_ENV) and _user_name(client_env) != _user_name(server_env):
         return "the user name (LOGNAME, USER, LNAME, USERNAME) differs"
@@ -351,8 +352,8 @@ class _EnvironmentReads(collections.abc.MutableMapping):
 
 
 def _import_watching_environment(modules):
-    """Import ``modules``; return the environment variables read meanwhile (but TERMINAL_ENV),
-    those set (or deleted: None) meanwhile, and the files of the packages they belong to (and of
+    """Import ``modules``; return the environment variables read meanwhile, those set (or
+    deleted: None) meanwhile, and the files of the packages they belong to (and of
     the preloaded HF_PACKAGES; torch aside, which every server imports unwatched). Exits when a
     module read the whole environment."""
     real = os.environ
@@ -370,7 +371,7 @@ def _import_watching_environment(modules):
     names = {name.split(".")[0] for name in modules} - {"torch"}
     packages = {name: sys.modules[name].__spec__.origin for name in (*names, *HF_PACKAGES)
                 if name in sys.modules}
-    return frozenset(reads.read) - set(TERMINAL_ENV), reads.written, packages
+    return frozenset(reads.read), reads.written, packages
 
 
 def _end(flavoured):
